@@ -1,0 +1,197 @@
+"""Incremental Server-Sent Events framer: bytes in, events out, no I/O.
+
+Implements WHATWG HTML "event stream interpretation" on raw bytes. Lines end with CRLF, LF or
+CR only (never U+2028 and friends); a leading UTF-8 BOM is skipped; ``data`` stays bytes, so a
+UTF-8 character split across chunks is harmless. A CR ending a chunk terminates its line at
+once and a LF opening the next chunk is swallowed, so CRLF split across chunks counts once.
+
+``data:`` with an empty value still dispatches (data ``b""``): the spec tests for an empty
+data buffer before stripping its final LF. ``id`` persists across events (the last event ID);
+``retry`` is reported only on the event whose block carried it.
+
+Memory is capped: when an event's data held plus its current line (field name included)
+would exceed ``max_event_bytes``, the event is dropped, later lines up to its blank line are
+ignored unparsed, and ``oversized`` counts it. LF-only input (llama-server's
+``data: {json}\\n\\n``) takes a fast path: a whole one-line ``data:`` event costs one
+``find`` and one slice, with no per-byte work.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from dataclasses import dataclass
+
+__all__ = ["SSEEvent", "SSEFramer"]
+
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event; ``id`` is the last event ID in force when it was dispatched."""
+
+    data: bytes
+    event: str = "message"
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEFramer:
+    """Feed chunks of one stream in order; ``feed`` returns the events they complete."""
+
+    def __init__(self, max_event_bytes: int = 8 * 1024 * 1024) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.events = 0  # events dispatched
+        self.comments = 0  # comment lines (``:`` keep-alive pings included)
+        self.oversized = 0  # events dropped for exceeding max_event_bytes
+        self.incomplete_at_eof = False  # set by flush(): the stream ended mid-event
+        self._head: bytes | None = b""  # bytes held while a leading BOM is undecided
+        self._buf = bytearray()  # the current, unterminated line
+        self._data: list[bytes] = []  # data field values of the current event
+        self._size = 0  # sum of len(self._data)
+        self._event: bytes | None = None
+        self._retry: int | None = None
+        self._last_id: str | None = None  # persists across events, per spec
+        self._dirty = False  # the current event has a field line, or is being skipped
+        self._skipping = False  # dropping an oversized event up to its blank line
+        self._discarding = False  # skipping and mid-line: drop bytes up to the next LF
+        self._trailing_cr = False  # last chunk ended in CR: a leading LF is its CRLF half
+
+    @property
+    def buffered(self) -> int:
+        """Bytes currently held: partial line, undecided BOM bytes and data of the event."""
+        return len(self._head or b"") + len(self._buf) + self._size
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Consume ``chunk`` and return the events it completes; never raises."""
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)
+        if self._head is not None:  # stream start: skip one BOM, even if split
+            head = self._head + chunk
+            if len(head) < 3 and _BOM.startswith(head):
+                self._head = head
+                return []
+            self._head = None
+            chunk = head[3:] if head.startswith(_BOM) else head
+        if not chunk:
+            return []
+        if self._trailing_cr:
+            self._trailing_cr = False
+            if chunk[0] == 10:
+                chunk = chunk[1:]
+        if b"\r" in chunk:  # normalise to LF; CR/LF never occur inside UTF-8 sequences
+            self._trailing_cr = chunk[-1] == 13
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        out: list[SSEEvent] = []
+        pos = 0
+        n = len(chunk)
+        cap = self.max_event_bytes
+        if self._buf or self._discarding:  # finish the line left open by the last chunk
+            i = chunk.find(b"\n")
+            if i < 0:
+                if not self._discarding:
+                    self._buf += chunk
+                    if self._size + len(self._buf) > cap:
+                        self._overflow()
+                        self._discarding = True
+                return out
+            if self._discarding:
+                self._discarding = False
+            else:
+                self._buf += memoryview(chunk)[:i]
+                line = bytes(self._buf)
+                self._buf.clear()
+                self._line(line)
+            pos = i + 1
+        find = chunk.find
+        startswith = chunk.startswith
+        while pos < n:
+            i = find(b"\n", pos)
+            if i < 0:
+                break
+            if i == pos:
+                self._blank(out)
+                pos += 1
+            elif (
+                not self._dirty
+                and startswith(b"\n", i + 1)
+                and startswith(b"data:", pos)
+                and i - pos <= cap
+            ):  # fast path: a whole one-line ``data:`` event
+                s = pos + 6 if startswith(b" ", pos + 5) else pos + 5
+                out.append(SSEEvent(chunk[s:i], "message", self._last_id))
+                pos = i + 2
+            else:
+                self._line(chunk[pos:i])
+                pos = i + 1
+        if pos < n:  # an unterminated line remains
+            if self._skipping:
+                self._discarding = True
+            else:
+                self._buf += memoryview(chunk)[pos:]
+                if self._size + len(self._buf) > cap:
+                    self._overflow()
+                    self._discarding = True
+        self.events += len(out)
+        return out
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream: discard any incomplete event (per spec) and flag it."""
+        self.incomplete_at_eof = bool(self._head or self._buf or self._dirty or self._discarding)
+        self._head = None
+        self._buf = bytearray()
+        self._reset()
+        self._discarding = self._trailing_cr = False
+        return []
+
+    def _line(self, line: bytes) -> None:
+        """Process one complete, non-empty line of the current event."""
+        if self._skipping:
+            return
+        if self._size + len(line) > self.max_event_bytes:
+            self._overflow()
+            return
+        if line[0] == 58:  # ':' comment
+            self.comments += 1
+            return
+        self._dirty = True
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name = line[:colon]
+            value = line[colon + 2 :] if line.startswith(b" ", colon + 1) else line[colon + 1 :]
+        if name == b"data":
+            self._data.append(value)
+            self._size += len(value)
+        elif name == b"event":
+            self._event = value
+        elif name == b"id":
+            if b"\x00" not in value:
+                self._last_id = value.decode("utf-8", "replace")
+        elif name == b"retry" and value.isdigit():
+            with suppress(ValueError):  # more digits than sys.get_int_max_str_digits()
+                self._retry = int(value)
+
+    def _blank(self, out: list[SSEEvent]) -> None:
+        """A blank line: dispatch the current event if it has a data buffer."""
+        if not self._dirty:
+            return
+        if self._data and not self._skipping:
+            data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+            event = self._event.decode("utf-8", "replace") if self._event else "message"
+            out.append(SSEEvent(data, event, self._last_id, self._retry))
+        self._reset()
+
+    def _overflow(self) -> None:
+        """Drop the current event and skip input up to its terminating blank line."""
+        self.oversized += 1
+        self._reset()
+        self._buf.clear()
+        self._skipping = self._dirty = True
+
+    def _reset(self) -> None:
+        self._data = []
+        self._size = 0
+        self._event = self._retry = None
+        self._skipping = self._dirty = False

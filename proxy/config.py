@@ -1,0 +1,282 @@
+"""Configuration: a frozen dataclass tree loaded from TOML.
+
+Precedence: overrides (command-line flags) > the TOML file > built-in defaults.
+Every value is checked against its field's declared type (bool must be a real bool, int must
+not be a bool, float also accepts int, ``str | None`` maps "" to None) and against the rules
+in the field's metadata (``ge``/``gt``/``le`` bounds, ``choices``, a ``check`` callable).
+Unknown sections, unknown keys and bad values raise ConfigError naming the full key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+from urllib.parse import urlsplit
+
+__all__ = [
+    "BOARD_PRESETS",
+    "AccountingConfig",
+    "BoardConfig",
+    "ClientConfig",
+    "Config",
+    "ConfigError",
+    "LogConfig",
+    "ServerConfig",
+    "StatsConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_listen",
+]
+
+
+def _orin_fp16_tflops(sms: int, gpu_mhz: float) -> float:
+    """Dense FP16 tensor-core peak of an Orin (Ampere) GPU: 1024 FMA = 2048 FLOP/clock/SM."""
+    return sms * 2048 * gpu_mhz / 1e6
+
+
+# name -> (memory bandwidth GB/s, peak dense FP16 TFLOP/s; 0.0 = unknown).
+# The Jetson bandwidths are NVIDIA's module spec figures. The Jetson peaks are derived from the
+# vendor spec (SM count x max GPU clock); they equal 1/4 of NVIDIA's "sparse INT8 TOPS" GPU
+# figure (e.g. AGX Orin 64GB: 170 TOPS / 4 = 42.6). The CPU-only boards have no vendor FP16
+# figure (llama.cpp does not use their GPU/NPU), so their peak is 0.0 = unknown.
+BOARD_PRESETS: dict[str, tuple[float, float]] = {
+    # vendor spec: 68 GB/s (128-bit LPDDR5); GPU 8 SM @ 625 MHz (40 sparse INT8 TOPS)
+    "jetson-orin-nano-8gb": (68.0, _orin_fp16_tflops(8, 625)),
+    # vendor spec: 34 GB/s (64-bit LPDDR5); GPU 4 SM @ 625 MHz (20 sparse INT8 TOPS)
+    "jetson-orin-nano-4gb": (34.0, _orin_fp16_tflops(4, 625)),
+    # vendor spec: 102.4 GB/s (128-bit LPDDR5); GPU 8 SM @ 918 MHz (60 sparse INT8 TOPS)
+    "jetson-orin-nx-16gb": (102.4, _orin_fp16_tflops(8, 918)),
+    # vendor spec: 102.4 GB/s (128-bit LPDDR5); GPU 8 SM @ 765 MHz (50 sparse INT8 TOPS)
+    "jetson-orin-nx-8gb": (102.4, _orin_fp16_tflops(8, 765)),
+    # vendor spec: 204.8 GB/s (256-bit LPDDR5); GPU 16 SM @ 1300 MHz (170 sparse INT8 TOPS)
+    "jetson-agx-orin-64gb": (204.8, _orin_fp16_tflops(16, 1300)),
+    # vendor spec: 204.8 GB/s (256-bit LPDDR5); GPU 14 SM @ 930 MHz
+    "jetson-agx-orin-32gb": (204.8, _orin_fp16_tflops(14, 930)),
+    # vendor spec memory: LPDDR4X-4267 on a 32-bit bus -> 4267 MT/s x 4 B = 17.07 GB/s
+    "raspberry-pi-5": (4267 * 4 / 1000, 0.0),
+    # vendor spec memory: LPDDR4X up to 2112 MHz (4224 MT/s) x 64-bit -> 33.8 GB/s theoretical
+    "rk3588": (4224 * 8 / 1000, 0.0),
+}
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A config file, value or override is invalid; the message names the full key."""
+
+
+def _nonempty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _check_url(value: str) -> str:
+    if any(c.isspace() for c in value):
+        raise ValueError(f"must not contain whitespace, got {value!r}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL ({exc}), got {value!r}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+    if not parts.hostname:
+        raise ValueError(f"must name a host, got {value!r}")
+    if "?" in value or "#" in value:
+        raise ValueError(f"must not have a query or fragment, got {value!r}")
+    return value.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = field(default="127.0.0.1", metadata={"check": _nonempty})
+    port: int = field(default=8081, metadata={"ge": 0, "le": 65535})
+    max_body_bytes: int = field(default=32 * 1024 * 1024, metadata={"ge": 1})
+    shutdown_drain_s: float = field(default=30.0, metadata={"ge": 0})
+    auth_token: str | None = None  # None ("" in TOML) = no auth
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    url: str = field(default="http://127.0.0.1:8080", metadata={"check": _check_url})
+    connect_timeout_s: float = field(default=5.0, metadata={"gt": 0})
+    header_timeout_s: float = field(default=0.0, metadata={"ge": 0})  # 0 = off
+    idle_timeout_s: float = field(default=300.0, metadata={"ge": 0})  # 0 = off
+    keepalive_timeout_s: float = field(default=4.0, metadata={"gt": 0})
+    max_connections: int = field(default=16, metadata={"ge": 1})
+    max_event_bytes: int = field(default=8 * 1024 * 1024, metadata={"ge": 1})
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    write_timeout_s: float = field(default=60.0, metadata={"ge": 0})  # 0 = off
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    file: str | None = None  # None ("" in TOML) = stdout only
+    level: str = field(default="info", metadata={"choices": _LOG_LEVELS})
+
+
+@dataclass(frozen=True, slots=True)
+class StatsConfig:
+    recent: int = field(default=100, metadata={"ge": 0})
+    window: int = field(default=10000, metadata={"ge": 1})
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingConfig:
+    enabled: bool = True
+    lookup_timeout_s: float = field(default=10.0, metadata={"gt": 0})
+    cache_entries: int = field(default=1024, metadata={"ge": 1})
+
+
+@dataclass(frozen=True, slots=True)
+class BoardConfig:
+    preset: str | None = field(default=None, metadata={"choices": tuple(BOARD_PRESETS)})
+    memory_bandwidth_gbs: float = field(default=0.0, metadata={"ge": 0})  # 0 = unknown
+    peak_tflops: float = field(default=0.0, metadata={"ge": 0})  # 0 = unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    accounting: AccountingConfig = field(default_factory=AccountingConfig)
+    board: BoardConfig = field(default_factory=BoardConfig)
+
+
+_KINDS: dict[object, str] = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _fields(cls: type) -> dict[str, tuple[object, Mapping[str, Any]]]:
+    """Field name -> (resolved type, metadata) of a section dataclass."""
+    hints = get_type_hints(cls)
+    return {f.name: (hints[f.name], f.metadata) for f in dataclasses.fields(cls)}
+
+
+def _number(value: object, hint: object, rules: Mapping[str, Any]) -> int | float | None:
+    """``value`` as the int/float field ``hint`` wants it, or None if wrong type or out of range."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and hint is int:
+        return None
+    ok = (
+        math.isfinite(value)
+        and value >= rules.get("ge", -math.inf)
+        and value > rules.get("gt", -math.inf)
+        and value <= rules.get("le", math.inf)
+    )
+    return (float(value) if hint is float else value) if ok else None
+
+
+def _coerce(value: object, hint: object, rules: Mapping[str, Any], where: str) -> object:
+    """Check ``value`` against the field's type and rules; return the normalised value."""
+    optional = hint == (str | None)
+    if "choices" in rules:
+        expect = ('"" or ' if optional else "") + "one of " + ", ".join(rules["choices"])
+    else:
+        ops = (("ge", ">="), ("gt", ">"), ("le", "<="))
+        bounds = [f"{op} {rules[key]}" for key, op in ops if key in rules]
+        expect = " ".join([_KINDS.get(hint, "a string"), " and ".join(bounds)]).strip()
+    result: object = None
+    if hint is bool:
+        result = value if isinstance(value, bool) else None
+    elif hint is int or hint is float:
+        result = _number(value, hint, rules)
+    elif isinstance(value, str):
+        if optional and value == "":
+            return None
+        if "choices" not in rules or value in rules["choices"]:
+            result = value
+    if result is None:
+        raise ConfigError(f"{where}: must be {expect}, got {value!r}")
+    check: Callable[[Any], object] | None = rules.get("check")
+    if check is not None:
+        try:
+            result = check(result)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return result
+
+
+def _apply(config: Config, data: Mapping[str, object], source: str, *, skip_none: bool) -> Config:
+    """Return ``config`` with the sections/keys of ``data`` validated and applied."""
+    sections: dict[str, Any] = {}
+    for name, table in data.items():
+        if name not in _fields(Config):
+            raise ConfigError(f"{source}: unknown section [{name}]")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{source}: [{name}] must be a table, got {table!r}")
+        current: Any = getattr(config, name)
+        spec = _fields(type(current))
+        changes: dict[str, object] = {}
+        for key, value in table.items():
+            if key not in spec:
+                raise ConfigError(f"{source}: unknown key [{name}] {key}")
+            if value is None and skip_none:
+                continue
+            changes[key] = _coerce(value, *spec[key], f"{source}: [{name}] {key}")
+        sections[name] = dataclasses.replace(current, **changes)
+    return dataclasses.replace(config, **sections)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
+) -> Config:
+    """Load ``path`` (None = built-in defaults) and apply ``overrides`` on top.
+
+    ``overrides`` maps section -> key -> value (e.g. from command-line flags) and is validated
+    like the file; a None value means "not given" and is skipped. A board preset fills
+    ``memory_bandwidth_gbs``/``peak_tflops`` that are still 0; explicit values win.
+    """
+    config = Config()
+    if path is not None:
+        name = os.fspath(path)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{name}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{name}: cannot read config file: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{name}: invalid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{name}: not valid UTF-8: {exc}") from None
+        config = _apply(config, data, name, skip_none=False)
+    if overrides:
+        config = _apply(config, overrides, "overrides", skip_none=True)
+    board = config.board
+    if board.preset is not None:
+        bandwidth, tflops = BOARD_PRESETS[board.preset]
+        board = dataclasses.replace(
+            board,
+            memory_bandwidth_gbs=board.memory_bandwidth_gbs or bandwidth,
+            peak_tflops=board.peak_tflops or tflops,
+        )
+    return dataclasses.replace(config, board=board)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` or ``[IPV6]:PORT`` into (host, port); raise ConfigError if bad."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigError(f"invalid listen address {value!r}: put an IPv6 host in [brackets]")
+    if not sep or not host or any(c.isspace() or c in "[]" for c in host):
+        raise ConfigError(f"invalid listen address {value!r}: expected HOST:PORT")
+    if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ConfigError(f"invalid listen address {value!r}: port must be 0-65535")
+    return host, int(port)

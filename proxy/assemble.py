@@ -1,0 +1,87 @@
+"""Assembly of a :class:`~proxy.record.Record` from what was seen of a request. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from proxy.record import Outcome, Record, derive, ms
+from proxy.request import RequestFacts
+from proxy.tracker import Observation, ToolCall
+
+__all__ = ["Exchange", "build_record", "tool_calls_valid"]
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """The relay's facts about one exchange, besides the observation of the body."""
+
+    id: str
+    ts: str
+    method: str
+    path: str
+    status: int | None
+    outcome: Outcome
+    end_s: float
+    request_bytes: int
+    error: str | None = None
+
+
+def tool_calls_valid(calls: tuple[ToolCall, ...], names: frozenset[str]) -> bool | None:
+    """Every call names one of the request's tools and its arguments are a JSON object.
+
+    ``None`` when there was no call.
+    """
+    if not calls:
+        return None
+    for call in calls:
+        if call.name not in names:
+            return False
+        try:
+            args = orjson.loads(call.arguments)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(args, dict):
+            return False
+    return True
+
+
+def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> Record:
+    """The record of one exchange. ``obs`` is ``None`` when no response body was seen."""
+    o = obs or Observation()
+    ttft_ms = ms(o.first_token_s)
+    decode_wall = (
+        o.last_token_s - o.first_token_s
+        if o.first_token_s is not None and o.last_token_s is not None
+        else None
+    )
+    analysis_error = facts.error or o.analysis_error
+    if o.oversized_events and analysis_error is None:
+        analysis_error = f"oversized_events:{o.oversized_events}"
+    return Record(
+        id=ex.id,
+        ts=ex.ts,
+        method=ex.method,
+        path=ex.path,
+        model=o.model or facts.model,
+        stream=facts.stream,
+        kind=facts.kind,
+        status=ex.status,
+        outcome=ex.outcome,
+        error=ex.error or o.upstream_error,
+        analysis_error=analysis_error,
+        ttfb_ms=ms(o.first_byte_s),
+        ttft_ms=ttft_ms,
+        e2e_ms=ms(ex.end_s),
+        decode_wall_ms=ms(decode_wall),
+        **derive(o.timings, ttft_ms),
+        tool_calls=len(o.tool_calls) if obs is not None else None,
+        tool_call_valid=tool_calls_valid(o.tool_calls, facts.tool_names),
+        tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
+        finish_reason=o.finish_reason,
+        events=o.events if obs is not None else None,
+        token_events=o.token_events if obs is not None else None,
+        request_bytes=ex.request_bytes,
+        response_bytes=o.response_bytes if obs is not None else None,
+    )

@@ -1,0 +1,77 @@
+"""Header policy: which headers cross the proxy, in either direction.
+
+Hop-by-hop headers (RFC 9110 §7.6.1, Go's ``hopHeaders``) describe one connection, not the
+message, so they never cross; neither does any header that ``Connection`` names
+(golang/go#16875). Framing (``Content-Length``, ``Transfer-Encoding``) is left to aiohttp,
+which re-frames each side; copying an upstream ``Content-Length`` onto a streamed response
+would make aiohttp silently truncate the body. ``Host`` is derived by the client from the
+upstream URL, never copied from the agent's request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from multidict import CIMultiDict
+
+__all__ = [
+    "HOP_BY_HOP",
+    "REQUEST_ID_HEADER",
+    "request_headers",
+    "response_headers",
+]
+
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+"""Headers that belong to one connection (lower case)."""
+
+_FRAMING = frozenset({"content-length"})
+_REQUEST_ONLY = frozenset({"host", "expect"})
+
+REQUEST_ID_HEADER = "X-Timing-Proxy-Request-Id"
+"""The one response header the proxy adds: its request id, the ``id`` of the record."""
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def _filter(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> CIMultiDict[str]:
+    items = list(headers)
+    dropped = drop | _connection_tokens(items)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in items:
+        if name.lower() not in dropped:
+            out.add(name, value)
+    return out
+
+
+def request_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """Return the agent's end-to-end request headers to send upstream, in their order.
+
+    ``Authorization`` and ``X-Api-Key`` pass unchanged. ``Accept-Encoding`` is forced to
+    ``identity`` so that the upstream never compresses what the framer must read.
+    """
+    out = _filter(headers, HOP_BY_HOP | _FRAMING | _REQUEST_ONLY)
+    out["Accept-Encoding"] = "identity"
+    return out
+
+
+def response_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """Return the upstream's end-to-end response headers to send to the agent, in order."""
+    return _filter(headers, HOP_BY_HOP | _FRAMING)

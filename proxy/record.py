@@ -1,0 +1,188 @@
+"""The per-request record: the fixed field names and every derived value, computed once.
+
+A :class:`Record` is the single source of truth: the log line, ``/stats``, ``/metrics``,
+``report`` and the dashboard are views of records. Unknown values are ``None`` (``null`` in
+JSON), never an invented zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Kind",
+    "Outcome",
+    "Record",
+    "ServerTimings",
+    "derive",
+    "ms",
+    "ratio",
+]
+
+
+class Kind(enum.StrEnum):
+    """What the request was: a tool call request, a chat request or anything else."""
+
+    TOOL = "tool"
+    CHAT = "chat"
+    OTHER = "other"
+
+
+class Outcome(enum.StrEnum):
+    """How the exchange ended (a closed set, after HAProxy's termination states)."""
+
+    COMPLETED = "completed"
+    CLIENT_CLOSED = "client_closed"
+    CLIENT_STALLED = "client_stalled"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_CLOSED_MID_STREAM = "upstream_closed_mid_stream"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_IDLE_TIMEOUT = "upstream_idle_timeout"
+    REQUEST_TOO_LARGE = "request_too_large"
+    SHUTDOWN_ABORTED = "shutdown_aborted"
+    PROXY_ERROR = "proxy_error"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTimings:
+    """llama-server's own clock for one request, from its ``timings`` object."""
+
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    cache_n: int | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ServerTimings | None:
+        """Read a ``timings`` object; ``None`` when it is not an object."""
+        if not isinstance(obj, dict):
+            return None
+
+        def num(key: str) -> float | None:
+            v = obj.get(key)
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+        def count(key: str) -> int | None:
+            v = obj.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        return cls(
+            prompt_n=count("prompt_n"),
+            prompt_ms=num("prompt_ms"),
+            cache_n=count("cache_n"),
+            predicted_n=count("predicted_n"),
+            predicted_ms=num("predicted_ms"),
+        )
+
+
+def ms(seconds: float | None) -> float | None:
+    """Seconds to milliseconds, rounded to the microsecond; ``None`` stays ``None``."""
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def ratio(num: float | None, den: float | None, scale: float = 1.0) -> float | None:
+    """``scale * num / den``, or ``None`` when either is unknown or the divisor is not > 0."""
+    if num is None or den is None or den <= 0:
+        return None
+    return round(scale * num / den, 6)
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One proxied request. Field names are fixed: the README documents each formula."""
+
+    # identity
+    id: str
+    ts: str
+    method: str
+    path: str
+    model: str | None = None
+    stream: bool | None = None
+    kind: Kind = Kind.OTHER
+    status: int | None = None
+    outcome: Outcome = Outcome.COMPLETED
+    error: str | None = None
+    analysis_error: str | None = None
+    # wall clock (ms since the proxy had the request)
+    ttfb_ms: float | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    decode_wall_ms: float | None = None
+    # llama-server's clock
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    prompt_n: int | None = None
+    cache_n: int | None = None
+    predicted_n: int | None = None
+    prefill_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    # derived
+    prompt_tokens: int | None = None
+    cache_hit_ratio: float | None = None
+    overhead_ms: float | None = None
+    prefill_share: float | None = None
+    # tool calls
+    tool_calls: int | None = None
+    tool_call_valid: bool | None = None
+    tool_call_ms: float | None = None
+    # stream facts
+    finish_reason: str | None = None
+    events: int | None = None
+    token_events: int | None = None
+    request_bytes: int | None = None
+    response_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a flat JSON-ready mapping (enums as their string values)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["kind"] = str(self.kind)
+        out["outcome"] = str(self.outcome)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        """Rebuild a record from a log line, ignoring keys that are not fields."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["kind"] = Kind(kwargs.get("kind", "other"))
+        kwargs["outcome"] = Outcome(kwargs.get("outcome", "completed"))
+        return cls(**kwargs)
+
+
+def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, Any]:
+    """The server-clock fields and everything derived from them, as record keyword args.
+
+    ``prefill_tok_s`` and ``decode_tok_s`` use llama-server's own formulas: the first token
+    closes the prompt timer, so decode divides by ``predicted_n - 1`` steps.
+    """
+    t = timings or ServerTimings()
+    prompt_tokens = (
+        t.prompt_n + t.cache_n if t.prompt_n is not None and t.cache_n is not None else None
+    )
+    decode_steps = t.predicted_n - 1 if t.predicted_n is not None else None
+    total = (
+        t.prompt_ms + t.predicted_ms
+        if t.prompt_ms is not None and t.predicted_ms is not None
+        else None
+    )
+    return {
+        "prefill_ms": t.prompt_ms,
+        "decode_ms": t.predicted_ms,
+        "prompt_n": t.prompt_n,
+        "cache_n": t.cache_n,
+        "predicted_n": t.predicted_n,
+        "prefill_tok_s": ratio(t.prompt_n, t.prompt_ms, 1000.0),
+        "decode_tok_s": ratio(decode_steps, t.predicted_ms, 1000.0) if decode_steps else None,
+        "prompt_tokens": prompt_tokens,
+        "cache_hit_ratio": ratio(t.cache_n, prompt_tokens),
+        "overhead_ms": _sub(ttft_ms, t.prompt_ms),
+        "prefill_share": ratio(t.prompt_ms, total),
+    }

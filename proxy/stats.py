@@ -1,0 +1,137 @@
+"""Aggregation of records: percentiles per kind, cache sums, and the ``/stats`` document.
+
+Pure. Memory is bounded: percentiles are computed over a sliding window of the last
+``window`` records of each kind (a ``deque`` with ``maxlen``), while counts and cache sums
+are running totals since start. ``recent`` keeps the last N records whole.
+The same :func:`summarize` serves ``/stats`` and ``timing-proxy report``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from proxy.record import Kind, Record
+
+__all__ = ["SUMMARY_FIELDS", "Stats", "percentile", "summarize", "summarize_kind"]
+
+SUMMARY_FIELDS: tuple[str, ...] = (
+    "ttft_ms",
+    "prefill_ms",
+    "decode_ms",
+    "decode_tok_s",
+    "e2e_ms",
+    "overhead_ms",
+    "tool_call_ms",
+)
+"""Record fields summarised as ``{p50, p90, p99}`` for each kind."""
+
+QUANTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile of sorted ``values`` by linear interpolation (numpy's default).
+
+    ``None`` for no values. With five values the median is the third.
+    """
+    if not values:
+        return None
+    pos = (len(values) - 1) * q
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    if lo == hi:
+        return round(values[lo], 3)
+    return round(values[lo] + (values[hi] - values[lo]) * (pos - lo), 3)
+
+
+def _quantiles(values: list[float]) -> dict[str, float | None]:
+    values.sort()
+    return {name: percentile(values, q) for name, q in QUANTILES}
+
+
+def summarize_kind(
+    records: Sequence[Record], fields: Iterable[str] = SUMMARY_FIELDS
+) -> dict[str, Any]:
+    """``count``, ``{p50, p90, p99}`` of each field over the known values, and the split.
+
+    The split is taken between the median prefill and the median decode, as the seed's
+    "796 ms of prefill and 1,265 ms of decode, 39 and 61 percent".
+    """
+    out: dict[str, Any] = {"count": len(records)}
+    for name in fields:
+        values = [v for r in records if (v := getattr(r, name)) is not None]
+        out[name] = _quantiles(values)
+    pre = out.get("prefill_ms", {}).get("p50")
+    dec = out.get("decode_ms", {}).get("p50")
+    total = (pre or 0.0) + (dec or 0.0) if pre is not None and dec is not None else None
+    out["split"] = {
+        "prefill_ms": pre,
+        "decode_ms": dec,
+        "prefill_pct": round(100.0 * pre / total, 1) if total and pre is not None else None,
+        "decode_pct": round(100.0 * dec / total, 1) if total and dec is not None else None,
+    }
+    return out
+
+
+def summarize(records: Iterable[Record]) -> dict[str, Any]:
+    """Summaries of ``chat`` and ``tool`` records (the ``kinds`` shape of ``/stats``)."""
+    by_kind: dict[str, list[Record]] = {Kind.CHAT: [], Kind.TOOL: []}
+    for r in records:
+        if r.kind in by_kind:
+            by_kind[r.kind].append(r)
+    return {str(k): summarize_kind(v) for k, v in by_kind.items()}
+
+
+class Stats:
+    """Running totals and bounded windows of records, rendered as the ``/stats`` document."""
+
+    def __init__(self, *, since: str, recent: int = 100, window: int = 10_000) -> None:
+        self.since = since
+        self.requests = 0
+        self._outcomes: Counter[str] = Counter()
+        self._kinds: Counter[str] = Counter()
+        self._windows: dict[Kind, deque[Record]] = {
+            Kind.CHAT: deque(maxlen=window),
+            Kind.TOOL: deque(maxlen=window),
+        }
+        self._recent: deque[Record] = deque(maxlen=recent)
+        self._cache_n = 0
+        self._prompt_tokens = 0
+
+    def add(self, record: Record) -> None:
+        """Count one finished request."""
+        self.requests += 1
+        self._outcomes[str(record.outcome)] += 1
+        self._kinds[str(record.kind)] += 1
+        window = self._windows.get(record.kind)
+        if window is not None:
+            window.append(record)
+        self._recent.append(record)
+        if record.cache_n is not None and record.prompt_tokens is not None:
+            self._cache_n += record.cache_n
+            self._prompt_tokens += record.prompt_tokens
+
+    def snapshot(self) -> dict[str, Any]:
+        """The ``/stats`` document."""
+        kinds: dict[str, Any] = {}
+        for kind, window in self._windows.items():
+            summary = summarize_kind(list(window))
+            summary["count"] = self._kinds[str(kind)]
+            summary["window"] = len(window)
+            kinds[str(kind)] = summary
+        return {
+            "requests": self.requests,
+            "since": self.since,
+            "outcomes": dict(self._outcomes),
+            "kinds": kinds,
+            "cache": {
+                "cache_n": self._cache_n,
+                "prompt_tokens": self._prompt_tokens,
+                "hit_ratio": round(self._cache_n / self._prompt_tokens, 6)
+                if self._prompt_tokens
+                else None,
+            },
+            "recent": [r.to_dict() for r in reversed(self._recent)],
+        }

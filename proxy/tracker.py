@@ -1,0 +1,269 @@
+"""The timing tracker: response bytes and an injected clock in, an :class:`Observation` out.
+
+Pure (no I/O). The relay hands it every chunk exactly as it forwarded it; the tracker frames
+SSE with :class:`~proxy.sse.SSEFramer` or, for a plain JSON body, keeps the bytes (bounded)
+and reads them at the end. It parses the JSON only of events that matter: the first one
+(for ``model``), and those carrying ``timings``, ``usage``, ``tool_calls``, ``error`` or a
+``finish_reason``. Token-bearing events are recognised by a byte pattern, since
+llama-server writes compact JSON in which a key cannot occur unescaped inside a string.
+
+:meth:`StreamTracker.feed` never raises: an exception in the analysis is kept in
+``analysis_error`` and the analysis stops, while the relay goes on forwarding bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.record import ServerTimings
+from proxy.sse import SSEFramer
+
+__all__ = ["Clock", "Observation", "StreamTracker", "ToolCall"]
+
+Clock = Callable[[], float]
+
+_TOKEN = re.compile(rb'"(?:reasoning_content|content|text)": ?"[^"]')
+_INTERESTING = re.compile(rb'"(?:timings|usage|tool_calls|error)"|"finish_reason": ?"')
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call as streamed: the name and the concatenated argument text.
+
+    The arguments are model output: they are counted, never logged.
+    """
+
+    index: int
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the tracker saw of one response. Times are seconds since the request arrived."""
+
+    first_byte_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    last_byte_s: float | None = None
+    tool_call_s: float | None = None
+    events: int = 0
+    token_events: int = 0
+    response_bytes: int = 0
+    timings: ServerTimings | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    upstream_error: str | None = None
+    analysis_error: str | None = None
+    oversized_events: int = 0
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class StreamTracker:
+    """Watches one response body. ``sse`` selects SSE framing, else a JSON body is read."""
+
+    def __init__(
+        self,
+        t0: float,
+        *,
+        sse: bool,
+        clock: Clock = time.perf_counter,
+        max_event_bytes: int = 8 * 1024 * 1024,
+        max_body_bytes: int = 32 * 1024 * 1024,
+    ) -> None:
+        self._t0 = t0
+        self._clock = clock
+        self._framer = SSEFramer(max_event_bytes) if sse else None
+        self._body: list[bytes] | None = None if sse else []
+        self._max_body = max_body_bytes
+        self._bytes = 0
+        self._first_byte: float | None = None
+        self._last_byte: float | None = None
+        self._first_token: float | None = None
+        self._last_token: float | None = None
+        self._tool_time: float | None = None
+        self._events = 0
+        self._token_events = 0
+        self._timings: ServerTimings | None = None
+        self._usage: ServerTimings | None = None
+        self._model: str | None = None
+        self._finish: str | None = None
+        self._calls: dict[int, _Call] = {}
+        self._error: str | None = None
+        self._analysis_error: str | None = None
+        self._done = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Take one forwarded chunk. Never raises."""
+        now = self._clock() - self._t0
+        if self._first_byte is None:
+            self._first_byte = now
+        self._last_byte = now
+        self._bytes += len(chunk)
+        if self._analysis_error is not None:
+            return
+        try:
+            if self._framer is not None:
+                for event in self._framer.feed(chunk):
+                    self._on_event(event.data, now)
+            elif self._body is not None:
+                if self._bytes <= self._max_body:
+                    self._body.append(chunk)
+                else:
+                    self._body = None
+                    self._analysis_error = "response_body_too_large"
+        except Exception as exc:  # the analysis must never disturb the relay
+            self._analysis_error = f"tracker: {type(exc).__name__}"
+
+    def _on_event(self, data: bytes, now: float) -> None:
+        self._events += 1
+        if data == b"[DONE]":
+            self._done = True
+            return
+        carries_token = _TOKEN.search(data) is not None
+        if self._events == 1 or _INTERESTING.search(data) is not None:
+            carries_token = self._read_event(data, now) or carries_token
+        if carries_token:
+            self._token(now)
+
+    def _token(self, now: float) -> None:
+        self._token_events += 1
+        if self._first_token is None:
+            self._first_token = now
+        self._last_token = now
+
+    def _read_event(self, data: bytes, now: float) -> bool:
+        """Read one JSON event; true when it carried tool-call text."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(obj, dict):
+            return False
+        self._read_object(obj)
+        tool = False
+        for choice in _choices(obj):
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and self._merge_tool_deltas(delta.get("tool_calls")):
+                self._tool_time = now
+                tool = True
+        return tool
+
+    def _read_object(self, obj: dict[str, Any]) -> None:
+        model = obj.get("model")
+        if isinstance(model, str) and self._model is None:
+            self._model = model
+        timings = ServerTimings.from_json(obj.get("timings"))
+        if timings is not None:
+            self._timings = timings
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            details = usage.get("prompt_tokens_details")
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            prompt = usage.get("prompt_tokens")
+            if isinstance(prompt, int) and isinstance(cached, int):
+                self._usage = ServerTimings(
+                    prompt_n=prompt - cached,
+                    cache_n=cached,
+                    predicted_n=usage.get("completion_tokens"),
+                )
+        error = obj.get("error")
+        if isinstance(error, dict):
+            self._error = f"{error.get('type', 'error')}:{error.get('code', '')}"
+        elif isinstance(error, str):
+            self._error = "error"
+        for choice in _choices(obj):
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                self._finish = reason
+
+    def _merge_tool_deltas(self, deltas: Any) -> bool:
+        if not isinstance(deltas, list) or not deltas:
+            return False
+        for d in deltas:
+            if not isinstance(d, dict):
+                continue
+            idx = d.get("index", 0)
+            call = self._calls.setdefault(idx if isinstance(idx, int) else 0, _Call())
+            fn = d.get("function")
+            if isinstance(fn, dict):
+                name = fn.get("name")
+                if isinstance(name, str) and name:
+                    call.name = name  # a repeated name is the full new name, not a suffix
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    call.arguments.append(args)
+        return True
+
+    def _read_body(self) -> None:
+        if not self._body:
+            return
+        try:
+            obj = orjson.loads(b"".join(self._body))
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(obj, dict):
+            return
+        self._read_object(obj)
+        for choice in _choices(obj):
+            message = choice.get("message")
+            if isinstance(message, dict) and self._merge_tool_deltas(
+                [{"index": i, **c} for i, c in enumerate(message.get("tool_calls") or [])]
+                if isinstance(message.get("tool_calls"), list)
+                else None
+            ):
+                self._tool_time = self._last_byte
+
+    def finish(self) -> Observation:
+        """End of the response (clean or not): what was seen."""
+        oversized = 0
+        try:
+            if self._framer is not None:
+                for event in self._framer.flush():
+                    self._on_event(event.data, self._last_byte or 0.0)
+                oversized = self._framer.oversized
+            elif self._analysis_error is None:
+                self._read_body()
+        except Exception as exc:
+            self._analysis_error = self._analysis_error or f"tracker: {type(exc).__name__}"
+        calls = tuple(
+            ToolCall(i, c.name, "".join(c.arguments)) for i, c in sorted(self._calls.items())
+        )
+        return Observation(
+            first_byte_s=self._first_byte,
+            first_token_s=self._first_token,
+            last_token_s=self._last_token,
+            last_byte_s=self._last_byte,
+            tool_call_s=self._tool_time,
+            events=self._events,
+            token_events=self._token_events,
+            response_bytes=self._bytes,
+            timings=self._timings or self._usage,
+            model=self._model,
+            finish_reason=self._finish,
+            tool_calls=calls,
+            upstream_error=self._error,
+            analysis_error=self._analysis_error,
+            oversized_events=oversized,
+            done=self._done,
+        )
+
+
+def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c for c in choices if isinstance(c, dict)]

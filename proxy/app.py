@@ -1,0 +1,137 @@
+"""Application wiring: the upstream session, the relay, the record sinks and the routes.
+
+Reserved paths (``/stats``; later ``/metrics`` and ``/dashboard``) are answered by the proxy;
+every other method and path goes to the relay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.logs import get_logger
+from proxy.record import Record
+from proxy.relay import Relay, RelaySettings
+from proxy.request import RequestFacts
+from proxy.stats import Stats
+from proxy.tracker import Observation
+
+__all__ = ["RELAY", "SESSION", "STATS", "build_app", "run"]
+
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+RELAY = web.AppKey("relay", Relay)
+STATS = web.AppKey("stats", Stats)
+CONFIG = web.AppKey("config", Config)
+RecordSink = Callable[[Record, RequestFacts, Observation | None], None]
+SINKS = web.AppKey("sinks", list[RecordSink])
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def upstream_session(config: Config) -> aiohttp.ClientSession:
+    """One pooled session for the upstream: no total deadline, keep-alive below 5 s."""
+    up = config.upstream
+    connector = aiohttp.TCPConnector(
+        limit=up.max_connections,
+        keepalive_timeout=up.keepalive_timeout_s,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=up.connect_timeout_s,
+                                      sock_read=None),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
+              ) -> web.Application:
+    """The proxy application for ``config``."""
+    app = web.Application(handler_args={"max_field_size": 65536})
+    app[CONFIG] = config
+    stats = Stats(since=_now_iso(), recent=config.stats.recent, window=config.stats.window)
+    app[STATS] = stats
+    log = get_logger()
+
+    def log_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
+        log.info("request_completed", **record.to_dict())
+
+    def count_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
+        stats.add(record)
+
+    sinks: list[RecordSink] = [count_record, log_record]
+    app[SINKS] = sinks
+
+    def on_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
+        for sink in sinks:
+            try:
+                sink(record, facts, obs)
+            except Exception:  # a sink must never break the relay
+                log.exception("record_sink_failed", sink=getattr(sink, "__name__", "?"))
+
+    async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+        session = upstream_session(config)
+        app[SESSION] = session
+        settings = RelaySettings(
+            upstream=config.upstream.url,
+            max_body_bytes=config.server.max_body_bytes,
+            max_event_bytes=config.upstream.max_event_bytes,
+            header_timeout_s=config.upstream.header_timeout_s,
+            idle_timeout_s=config.upstream.idle_timeout_s,
+            write_timeout_s=config.client.write_timeout_s,
+        )
+        app[RELAY] = Relay(session, settings, on_record, clock=clock)
+        yield
+        await session.close()
+
+    app.cleanup_ctx.append(upstream_ctx)
+
+    async def on_shutdown(app: web.Application) -> None:
+        app[RELAY].shutting_down = True
+
+    app.on_shutdown.append(on_shutdown)
+
+    async def handle_stats(request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(stats.snapshot()),
+                            content_type="application/json")
+
+    async def handle_relay(request: web.Request) -> web.StreamResponse:
+        return await request.app[RELAY].handle(request)
+
+    app.router.add_get("/stats", handle_stats)
+    app.router.add_route("*", "/{tail:.*}", handle_relay)
+    return app
+
+
+def run(config: Config) -> None:
+    """Serve until SIGINT/SIGTERM; streams in flight get ``shutdown_drain_s`` to finish."""
+    log = get_logger()
+    app = build_app(config)
+
+    async def started(app: web.Application) -> None:
+        log.info("proxy_started", listen=f"{config.server.host}:{config.server.port}",
+                 upstream=config.upstream.url)
+
+    async def stopped(app: web.Application) -> None:
+        log.info("proxy_stopped", requests=app[STATS].requests)
+
+    app.on_startup.append(started)
+    app.on_cleanup.append(stopped)
+    kwargs: dict[str, Any] = {
+        "host": config.server.host,
+        "port": config.server.port,
+        "handler_cancellation": True,  # a client hang-up must cancel the upstream request
+        "shutdown_timeout": config.server.shutdown_drain_s,
+        "access_log": None,
+        "print": None,
+    }
+    web.run_app(app, **kwargs)

@@ -1,0 +1,267 @@
+"""The relay: the only module that holds both sockets.
+
+For each request it forwards the body bytes unchanged, copies the upstream's status,
+end-to-end headers and body to the agent as they are read (one ``write`` per upstream read,
+no buffering), and hands the same ``bytes`` objects to a :class:`~proxy.tracker.StreamTracker`
+*after* they were written. Disconnects, timeouts and aborts are decided here and become the
+record's ``outcome``. The proxy answers by itself only with OpenAI-shaped errors (413, 502,
+504) and only before any upstream byte reached the agent; after that a failure aborts the
+agent's connection instead of ending the body cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from yarl import URL
+
+from proxy.assemble import Exchange, build_record
+from proxy.headers import REQUEST_ID_HEADER, request_headers, response_headers
+from proxy.record import Outcome, Record
+from proxy.request import RequestFacts, analyse_request
+from proxy.tracker import Observation, StreamTracker
+
+__all__ = ["Relay", "RelaySettings", "error_response"]
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """What the relay needs of the configuration (seconds; 0 means off)."""
+
+    upstream: str
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_event_bytes: int = 8 * 1024 * 1024
+    header_timeout_s: float = 0.0
+    idle_timeout_s: float = 300.0
+    write_timeout_s: float = 60.0
+
+
+class _Abort(Exception):
+    """Ends an exchange early with an outcome (and, before headers, a status)."""
+
+    def __init__(self, outcome: Outcome, status: int, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.status = status
+
+
+def error_response(status: int, message: str, code: str, request_id: str | None = None
+                   ) -> web.Response:
+    """An OpenAI-shaped error: ``{"error": {"message", "type", "code"}}``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    return web.Response(status=status, body=body, content_type="application/json",
+                        headers=headers)
+
+
+def _timeout(seconds: float) -> Any:
+    return asyncio.timeout(seconds) if seconds > 0 else nullcontext()
+
+
+@dataclass(slots=True)
+class _Flight:
+    """Mutable state of one exchange while it runs; frozen into a Record at the end."""
+
+    t0: float
+    ts: str
+    id: str
+    facts: RequestFacts
+    request_bytes: int = 0
+    status: int | None = None
+    headers_sent: bool = False
+    tracker: StreamTracker | None = None
+    outcome: Outcome = Outcome.COMPLETED
+    error: str | None = None
+
+
+class Relay:
+    """Forwards requests to one upstream and reports one :class:`Record` per request."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        settings: RelaySettings,
+        on_record: Callable[[Record, RequestFacts, Observation | None], None],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._session = session
+        self._settings = settings
+        self._base = settings.upstream.rstrip("/")
+        self._on_record = on_record
+        self._clock = clock
+        self.shutting_down = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """aiohttp handler for every path the proxy does not reserve for itself."""
+        flight = _Flight(
+            t0=self._clock(),
+            ts=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            id=secrets.token_hex(8),
+            facts=analyse_request(request.method, request.path, b""),
+        )
+        try:
+            return await self._run(request, flight)
+        except asyncio.CancelledError:
+            flight.outcome = (
+                Outcome.SHUTDOWN_ABORTED if self.shutting_down else Outcome.CLIENT_CLOSED
+            )
+            raise
+        except Exception as exc:  # a bug of ours: answer if we still can, else abort
+            flight.outcome, flight.error = Outcome.PROXY_ERROR, type(exc).__name__
+            if flight.headers_sent:
+                _abort_client(request)
+                raise
+            flight.status = 500
+            return error_response(500, "timing-proxy failed to relay the request",
+                                  Outcome.PROXY_ERROR, flight.id)
+        finally:
+            self._finish(request, flight)
+
+    async def _run(self, request: web.Request, flight: _Flight) -> web.StreamResponse:
+        settings = self._settings
+        try:
+            body = await self._read_body(request)
+        except _Abort as abort:
+            return self._refuse(flight, abort)
+        flight.request_bytes = len(body)
+        flight.facts = analyse_request(request.method, request.path, body)
+        url = URL(self._base + request.raw_path, encoded=True)
+        try:
+            async with _timeout(settings.header_timeout_s):
+                upstream = await self._session.request(
+                    request.method,
+                    url,
+                    headers=request_headers(request.headers.items()),
+                    data=body if body else None,
+                    allow_redirects=False,
+                    skip_auto_headers=_NO_AUTO_HEADERS,
+                )
+        except TimeoutError:
+            return self._refuse(flight, _Abort(
+                Outcome.UPSTREAM_TIMEOUT, 504,
+                f"upstream sent no response headers within {settings.header_timeout_s} s"))
+        except aiohttp.ClientError as exc:
+            return self._refuse(flight, _Abort(
+                Outcome.UPSTREAM_UNREACHABLE, 502,
+                f"upstream unreachable: {type(exc).__name__}"))
+        try:
+            return await self._stream(request, upstream, flight)
+        finally:
+            if flight.outcome is Outcome.COMPLETED:
+                upstream.release()
+            else:
+                upstream.close()  # closing the socket is llama-server's only cancel signal
+
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                      flight: _Flight) -> web.StreamResponse:
+        settings = self._settings
+        flight.status = upstream.status
+        tracker = StreamTracker(
+            flight.t0,
+            sse=upstream.content_type == "text/event-stream",
+            clock=self._clock,
+            max_event_bytes=settings.max_event_bytes,
+            max_body_bytes=settings.max_body_bytes,
+        )
+        flight.tracker = tracker
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                  headers=response_headers(upstream.headers.items()))
+        resp.headers[REQUEST_ID_HEADER] = flight.id
+        if upstream.content_length is not None and request.method != "HEAD":
+            resp.content_length = upstream.content_length
+        await resp.prepare(request)
+        flight.headers_sent = True
+        read = upstream.content.readany
+        idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
+        while True:
+            try:
+                async with _timeout(idle):
+                    chunk = await read()
+            except TimeoutError:
+                return self._cut(request, resp, flight, Outcome.UPSTREAM_IDLE_TIMEOUT,
+                                 f"no upstream bytes for {idle} s")
+            except aiohttp.ClientError as exc:
+                return self._cut(request, resp, flight, Outcome.UPSTREAM_CLOSED_MID_STREAM,
+                                 type(exc).__name__)
+            if not chunk:
+                break
+            try:
+                async with _timeout(write_timeout):
+                    await resp.write(chunk)
+            except TimeoutError:
+                return self._cut(request, resp, flight, Outcome.CLIENT_STALLED,
+                                 f"client read nothing for {write_timeout} s")
+            except ConnectionError:
+                flight.outcome = Outcome.CLIENT_CLOSED
+                return resp
+            tracker.feed(chunk)
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            flight.outcome = Outcome.CLIENT_CLOSED
+        return resp
+
+    def _refuse(self, flight: _Flight, abort: _Abort) -> web.Response:
+        flight.outcome, flight.status, flight.error = abort.outcome, abort.status, str(abort)
+        return error_response(abort.status, str(abort), abort.outcome, flight.id)
+
+    def _cut(self, request: web.Request, resp: web.StreamResponse, flight: _Flight,
+             outcome: Outcome, error: str) -> web.StreamResponse:
+        """Abort the agent's connection so the truncation shows (no terminating chunk)."""
+        flight.outcome, flight.error = outcome, error
+        _abort_client(request, hard=outcome is Outcome.CLIENT_STALLED)
+        return resp
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self._settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _Abort(Outcome.REQUEST_TOO_LARGE, 413,
+                         f"request body of {request.content_length} bytes exceeds the "
+                         f"proxy's limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise _Abort(Outcome.REQUEST_TOO_LARGE, 413,
+                             f"request body exceeds the proxy's limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _finish(self, request: web.Request, flight: _Flight) -> None:
+        obs = flight.tracker.finish() if flight.tracker is not None else None
+        exchange = Exchange(
+            id=flight.id,
+            ts=flight.ts,
+            method=request.method,
+            path=request.path,
+            status=flight.status,
+            outcome=flight.outcome,
+            end_s=self._clock() - flight.t0,
+            request_bytes=flight.request_bytes,
+            error=flight.error,
+        )
+        self._on_record(build_record(exchange, flight.facts, obs), flight.facts, obs)
+
+
+_NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Content-Type"})
+
+
+def _abort_client(request: web.Request, *, hard: bool = False) -> None:
+    transport = request.transport
+    if transport is not None:
+        if hard:
+            transport.abort()
+        else:
+            transport.close()

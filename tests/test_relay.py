@@ -1,0 +1,338 @@
+"""The relay against a fake llama-server on loopback: bytes, statuses, headers, outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.headers import REQUEST_ID_HEADER
+from proxy.record import Kind, Outcome
+from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.fakes import (
+    DONE,
+    PING,
+    FakeUpstream,
+    all_recordings,
+    chat_event,
+    die_after,
+    echo,
+    hang_before_headers,
+    json_response,
+    load_recording,
+    make_timings,
+    replay,
+    slow_steady,
+    sse,
+    stall_after,
+)
+
+Proxied = tuple[FakeUpstream, ProxyUnderTest]
+
+CHAT_BODY = orjson.dumps(
+    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+)
+
+
+async def _wait_record(proxy: ProxyUnderTest, count: int = 1, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while len(proxy.captured.records) < count:
+        assert time.monotonic() < deadline, "the proxy wrote no record"
+        await asyncio.sleep(0.005)
+
+
+async def _raw_request(url: str, body: bytes, path: str = "/v1/chat/completions"
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    await writer.drain()
+    return reader, writer
+
+
+class TestReplayedRecordings:
+    """Streams recorded from the real llama-server pass through unchanged."""
+
+    @pytest.mark.parametrize("name", all_recordings())
+    async def test_recording_is_relayed_byte_for_byte(self, proxied: Proxied, name: str) -> None:
+        """Status, end-to-end headers and every body byte of a real response reach the agent."""
+        upstream, proxy = proxied
+        rec = load_recording(name)
+        upstream.script = replay(rec)
+        resp = await proxy.client.request(
+            rec.request_method, rec.request_path,
+            data=rec.request_body or None,
+            headers={"Content-Type": "application/json"},
+        )
+        body = await resp.read()
+        assert resp.status == rec.status
+        assert body == rec.body
+        for key in ("Content-Type", "Server", "X-Accel-Buffering"):
+            assert resp.headers.get(key) == rec.header(key)
+        assert resp.headers[REQUEST_ID_HEADER] == proxy.captured.last.id
+        await _wait_record(proxy)
+        assert proxy.captured.last.response_bytes == len(rec.body)
+        assert proxy.captured.last.outcome is Outcome.COMPLETED
+
+    async def test_streamed_chat_record_matches_server_timings(self, proxied: Proxied) -> None:
+        """A replayed stream's record carries exactly the timings of its last JSON event."""
+        upstream, proxy = proxied
+        rec = load_recording("chat_stream")
+        upstream.script = replay(rec)
+        resp = await proxy.client.post(rec.request_path, data=rec.request_body)
+        await resp.read()
+        await _wait_record(proxy)
+        events = [e for e in rec.body.split(b"\n\n") if e.startswith(b"data: {")]
+        timings = orjson.loads(events[-1][6:])["timings"]
+        r = proxy.captured.last
+        assert (r.prefill_ms, r.decode_ms, r.cache_n, r.prompt_n, r.predicted_n) == (
+            timings["prompt_ms"], timings["predicted_ms"], timings["cache_n"],
+            timings["prompt_n"], timings["predicted_n"])
+        assert r.kind is Kind.CHAT and r.stream is True
+        assert r.ttft_ms is not None and r.ttfb_ms is not None and r.e2e_ms is not None
+        assert r.ttfb_ms <= r.ttft_ms <= r.e2e_ms
+
+
+class TestRequestForwarding:
+    """What the agent sends reaches the upstream unchanged."""
+
+    async def test_body_path_query_and_credentials_are_forwarded(self, proxied: Proxied) -> None:
+        """The body bytes, the encoded path and query, Authorization and X-Api-Key arrive as sent."""
+        upstream, proxy = proxied
+        upstream.script = echo()
+        body = b'{"messages":[{"role":"user","content":"h\xc3\xa9 \\u2028"}],  "max_tokens":1}'
+        resp = await proxy.client.post(
+            "/v1/chat/completions",
+            data=body,
+            headers={"Authorization": "Bearer sk-test", "X-Api-Key": "k1",
+                     "Content-Type": "application/json"},
+        )
+        seen = orjson.loads(await resp.read())
+        assert base64.b64decode(seen["body_b64"]) == body
+        headers = {k.lower(): v for k, v in seen["headers"]}
+        assert headers["authorization"] == "Bearer sk-test"
+        assert headers["x-api-key"] == "k1"
+        assert headers["content-length"] == str(len(body))
+        assert headers["accept-encoding"] == "identity"
+
+    async def test_encoded_path_and_query_are_forwarded_verbatim(self, proxied: Proxied) -> None:
+        """Percent-encoding in the path and query is not normalised on the way upstream."""
+        upstream, proxy = proxied
+        upstream.script = echo()
+        reader, writer = await _raw_request(proxy.url, b"{}", path="/v1/a%20b/c?x=%2F&y=%41")
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        seen = await upstream.wait_seen()
+        assert seen.path_qs in ("/v1/a b/c?x=/&y=A", "/v1/a%20b/c?x=%2F&y=%41")
+        assert upstream.seen[0]._request is not None
+        assert upstream.seen[0]._request.raw_path == "/v1/a%20b/c?x=%2F&y=%41"
+
+    async def test_hop_by_hop_request_headers_do_not_cross(self, proxied: Proxied) -> None:
+        """Connection, headers it names, Keep-Alive, TE and Upgrade are not sent upstream."""
+        upstream, proxy = proxied
+        upstream.script = echo()
+        resp = await proxy.client.get(
+            "/health",
+            headers={"Connection": "keep-alive, X-Secret-Hop", "X-Secret-Hop": "1",
+                     "Keep-Alive": "timeout=5", "TE": "trailers", "X-End-To-End": "yes"},
+        )
+        names = {k.lower() for k, _ in orjson.loads(await resp.read())["headers"]}
+        assert "x-secret-hop" not in names
+        assert "te" not in names and "keep-alive" not in names
+        assert "x-end-to-end" in names
+
+    async def test_hop_by_hop_response_headers_do_not_cross(self, proxied: Proxied) -> None:
+        """Hop-by-hop response headers and those named by Connection are dropped."""
+        upstream, proxy = proxied
+        upstream.script = json_response(200, b"{}", headers=(
+            ("Content-Type", "application/json"), ("Connection", "X-Hop"),
+            ("X-Hop", "1"), ("Keep-Alive", "timeout=5, max=100"), ("X-Kept", "2")))
+        resp = await proxy.client.get("/props")
+        assert await resp.read() == b"{}"
+        assert "X-Hop" not in resp.headers and "Keep-Alive" not in resp.headers
+        assert resp.headers["X-Kept"] == "2"
+
+    async def test_non_json_body_is_forwarded_and_flagged(self, proxied: Proxied) -> None:
+        """A body that is not JSON reaches the upstream unchanged and the record says why."""
+        upstream, proxy = proxied
+        upstream.script = json_response(
+            400, b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}')
+        resp = await proxy.client.post("/v1/chat/completions", data=b"{not json")
+        assert resp.status == 400
+        assert upstream.seen[0].body == b"{not json"
+        await _wait_record(proxy)
+        assert proxy.captured.last.analysis_error == "request_body_not_json"
+        assert proxy.captured.last.status == 400
+
+    async def test_body_over_limit_is_refused_without_contacting_upstream(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """A body over max_body_bytes gets an OpenAI-shaped 413 and never reaches the upstream."""
+        upstream, server = fake
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
+                                 server={"max_body_bytes": 100})
+        resp = await proxy.client.post("/v1/chat/completions", data=b"x" * 101)
+        assert resp.status == 413
+        err = (await resp.json())["error"]
+        assert set(err) == {"message", "type", "code"}
+        assert err["code"] == "request_too_large"
+        assert upstream.seen == []
+        await _wait_record(proxy)
+        assert proxy.captured.last.outcome is Outcome.REQUEST_TOO_LARGE
+
+
+class TestFailures:
+    """Failures become outcomes; the agent gets an error or a visibly truncated stream."""
+
+    async def test_unreachable_upstream_gives_openai_shaped_502(self, make_proxy: ProxyFactory
+                                                                 ) -> None:
+        """With nothing listening upstream the agent gets 502 with an OpenAI error body."""
+        proxy = await make_proxy("http://127.0.0.1:9")
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        assert resp.status == 502
+        err = (await resp.json())["error"]
+        assert err["type"] == "server_error" and err["code"] == "upstream_unreachable"
+        assert resp.headers[REQUEST_ID_HEADER] == proxy.captured.last.id
+        assert proxy.captured.last.outcome is Outcome.UPSTREAM_UNREACHABLE
+        assert proxy.captured.last.status == 502
+
+    async def test_upstream_dying_mid_stream_aborts_the_client(self, proxied: Proxied) -> None:
+        """The agent gets the bytes sent so far, then a broken stream, never a clean end."""
+        upstream, proxy = proxied
+        first = chat_event({"role": "assistant", "content": None}) + chat_event({"content": "Hi"})
+        upstream.script = die_after([first])
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        got = b""
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in resp.content.iter_any():
+                got += chunk
+        assert got == first
+        await _wait_record(proxy)
+        r = proxy.captured.last
+        assert r.outcome is Outcome.UPSTREAM_CLOSED_MID_STREAM
+        assert r.ttft_ms is not None and r.prefill_ms is None
+
+    async def test_header_timeout_gives_504_and_closes_upstream(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """No upstream headers within header_timeout_s: 504, and the upstream socket is closed."""
+        upstream, server = fake
+        upstream.script = hang_before_headers(30)
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
+                                 upstream={"header_timeout_s": 0.3})
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        assert resp.status == 504
+        assert (await resp.json())["error"]["code"] == "upstream_timeout"
+        assert await upstream.seen[0].wait_connection_closed(within=2.0)
+        assert proxy.captured.last.outcome is Outcome.UPSTREAM_TIMEOUT
+
+    async def test_idle_upstream_mid_stream_is_cut(self, fake: Any, make_proxy: ProxyFactory
+                                                   ) -> None:
+        """A stream silent for longer than idle_timeout_s is aborted both ways."""
+        upstream, server = fake
+        upstream.script = stall_after([chat_event({"content": "a"})], 30)
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
+                                 upstream={"idle_timeout_s": 0.3})
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+        assert await upstream.seen[0].wait_connection_closed(within=2.0)
+        await _wait_record(proxy)
+        assert proxy.captured.last.outcome is Outcome.UPSTREAM_IDLE_TIMEOUT
+
+    async def test_slow_but_steady_stream_outlives_idle_timeout(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """Events 0.1 s apart for 1.2 s pass an idle timeout of 0.5 s: there is no total deadline."""
+        upstream, server = fake
+        upstream.script = slow_steady(12, 0.1)
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
+                                 upstream={"idle_timeout_s": 0.5})
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        body = await resp.read()
+        assert body.endswith(DONE)
+        await _wait_record(proxy)
+        r = proxy.captured.last
+        assert r.outcome is Outcome.COMPLETED
+        assert r.e2e_ms is not None and r.e2e_ms > 1000
+
+
+class TestClientHangUp:
+    """When the agent hangs up, the upstream connection is closed at once (llama-server's cancel)."""
+
+    async def test_hang_up_before_headers_closes_upstream(self, proxied: Proxied) -> None:
+        """An agent leaving during prefill closes the upstream socket within a second."""
+        upstream, proxy = proxied
+        upstream.script = hang_before_headers(30)
+        reader, writer = await _raw_request(proxy.url, CHAT_BODY)
+        seen = await upstream.wait_seen()
+        writer.close()
+        t_close = time.monotonic()
+        assert await seen.wait_connection_closed(within=2.0)
+        assert seen.closed_at is not None and seen.closed_at - t_close < 1.0
+        await _wait_record(proxy)
+        r = proxy.captured.last
+        assert r.outcome is Outcome.CLIENT_CLOSED and r.ttfb_ms is None
+
+    async def test_hang_up_mid_stream_closes_upstream(self, proxied: Proxied) -> None:
+        """An agent leaving mid-stream closes the upstream socket within a second."""
+        upstream, proxy = proxied
+        upstream.script = slow_steady(200, 0.05)
+        reader, writer = await _raw_request(proxy.url, CHAT_BODY)
+        await reader.readuntil(b"data: ")
+        seen = await upstream.wait_seen()
+        writer.close()
+        t_close = time.monotonic()
+        assert await seen.wait_connection_closed(within=2.0)
+        assert seen.closed_at is not None and seen.closed_at - t_close < 1.0
+        assert seen.writes < 200
+        await _wait_record(proxy)
+        r = proxy.captured.last
+        assert r.outcome is Outcome.CLIENT_CLOSED and r.ttfb_ms is not None
+
+
+class TestObservation:
+    """The analysis beside the relay."""
+
+    async def test_chunking_and_pings_do_not_change_bytes_or_record(self, proxied: Proxied
+                                                                     ) -> None:
+        """A stream cut into 7-byte writes with pings arrives intact and is analysed fully."""
+        upstream, proxy = proxied
+        events = [
+            chat_event({"role": "assistant", "content": None}),
+            chat_event({"content": "h\u00e9llo \u6f22"}),
+            PING,
+            chat_event({}, finish_reason="stop",
+                       timings=make_timings(prompt_n=7, prompt_ms=70.0, predicted_n=3,
+                                            predicted_ms=20.0, cache_n=5)),
+            DONE,
+        ]
+        upstream.script = sse(events, chunking=7)
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        assert await resp.read() == b"".join(events)
+        await _wait_record(proxy)
+        r = proxy.captured.last
+        assert (r.prefill_ms, r.cache_n, r.prompt_tokens, r.finish_reason) == (70.0, 5, 12, "stop")
+        assert r.token_events == 1
+
+    async def test_stats_reports_kinds_and_recent(self, proxied: Proxied) -> None:
+        """/stats counts the request under its kind and lists it in recent."""
+        upstream, proxy = proxied
+        upstream.script = replay(load_recording("chat_stream"))
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        await resp.read()
+        await _wait_record(proxy)
+        stats = await (await proxy.client.get("/stats")).json()
+        assert stats["requests"] == 1
+        assert stats["kinds"]["chat"]["count"] == 1
+        assert stats["kinds"]["chat"]["ttft_ms"]["p50"] == proxy.captured.last.ttft_ms
+        assert stats["recent"][0]["id"] == proxy.captured.last.id
+        assert upstream.seen and all(s.path_qs != "/stats" for s in upstream.seen)

@@ -1,0 +1,260 @@
+"""End to end against the real llama-server and Gemma 3 270M, driven by the OpenAI SDK.
+
+The proxy runs as its own process (``python -m proxy serve --log-file ...``), exactly as a
+user starts it; the records are read back from the JSON-lines log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from proxy.headers import REQUEST_ID_HEADER
+from proxy.provision import LlamaServer
+
+pytestmark = pytest.mark.real
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+        },
+    },
+}
+ARM_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "move_arm",
+        "description": "Move the robot arm's gripper to a position in metres.",
+        "parameters": {
+            "type": "object",
+            "properties": {"x": {"type": "number"}, "y": {"type": "number"},
+                           "z": {"type": "number"}},
+            "required": ["x", "y", "z"],
+        },
+    },
+}
+TOOL_ARGS: dict[str, Any] = {
+    "tools": [WEATHER_TOOL, ARM_TOOL],
+    "temperature": 0,
+    "max_tokens": 64,
+    "stop": ["</tool_call>"],
+    "parallel_tool_calls": False,
+    "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
+}
+WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ProxyProcess:
+    """The proxy started as a user would, and its log file."""
+
+    url: str
+    log_file: Path
+    proc: subprocess.Popen[bytes]
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """request_completed lines by request id."""
+        out = {}
+        for line in self.log_file.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "request_completed":
+                out[event["id"]] = event
+        return out
+
+    def record(self, request_id: str, within: float = 5.0) -> dict[str, Any]:
+        """Wait for the record of one request (it is written when the exchange ends)."""
+        deadline = time.monotonic() + within
+        while True:
+            found = self.records().get(request_id)
+            if found is not None:
+                return found
+            assert time.monotonic() < deadline, f"no record for {request_id}"
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def proxy_process(llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[ProxyProcess]:
+    """``python -m proxy serve`` in front of the real llama-server."""
+    port = _free_port()
+    folder = tmp_path_factory.mktemp("proxy")
+    log_file = folder / "requests.jsonl"
+    stderr = (folder / "stderr.txt").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}",
+         "--upstream", llama_server.url, "--log-file", str(log_file)],
+        stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/stats", timeout=1):
+                break
+        except OSError:
+            assert proc.poll() is None, (folder / "stderr.txt").read_text()
+            assert time.monotonic() < deadline, "proxy did not start"
+            time.sleep(0.05)
+    yield ProxyProcess(url=url, log_file=log_file, proc=proc)
+    proc.terminate()
+    proc.wait(timeout=10)
+    stderr.close()
+
+
+def _sdk(base: str) -> OpenAI:
+    return OpenAI(base_url=base + "/v1", api_key="sk-none", max_retries=0)
+
+
+@dataclass
+class StreamResult:
+    request_id: str
+    content: str
+    tool_calls: dict[int, dict[str, str]]
+    timings: dict[str, Any] | None
+    ttft_ms: float | None
+
+
+def _stream(client: OpenAI, **kwargs: Any) -> StreamResult:
+    t0 = time.perf_counter()
+    raw = client.chat.completions.with_raw_response.create(stream=True, **kwargs)
+    ttft = None
+    content = ""
+    calls: dict[int, dict[str, str]] = {}
+    timings = None
+    for chunk in raw.parse():
+        extra = chunk.model_extra or {}
+        if "timings" in extra:
+            timings = extra["timings"]
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content or delta.tool_calls:
+                if ttft is None:
+                    ttft = (time.perf_counter() - t0) * 1000
+            content += delta.content or ""
+            for tc in delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                if tc.function and tc.function.name:
+                    call["name"] = tc.function.name
+                if tc.function and tc.function.arguments:
+                    call["arguments"] += tc.function.arguments
+    return StreamResult(raw.headers.get(REQUEST_ID_HEADER, ""), content, calls, timings, ttft)
+
+
+def _assert_record_matches_timings(record: dict[str, Any], timings: dict[str, Any]) -> None:
+    assert record["prefill_ms"] == timings["prompt_ms"]
+    assert record["decode_ms"] == timings["predicted_ms"]
+    assert record["cache_n"] == timings["cache_n"]
+    assert record["prompt_n"] == timings["prompt_n"]
+    assert record["predicted_n"] == timings["predicted_n"]
+
+
+class TestThroughTheProxy:
+    """What an agent using the OpenAI SDK gets through the proxy, and what the proxy records."""
+
+    def test_streamed_chat(self, proxy_process: ProxyProcess, llama_server: LlamaServer) -> None:
+        """A streamed chat is the same through the proxy as direct, and its record is exact."""
+        kwargs: dict[str, Any] = {
+            "model": "gemma", "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 16, "temperature": 0,
+        }
+        direct = _stream(_sdk(llama_server.url), **kwargs)
+        proxied = _stream(_sdk(proxy_process.url), **kwargs)
+        assert proxied.content == direct.content and proxied.content
+        assert proxied.timings is not None
+        record = proxy_process.record(proxied.request_id)
+        _assert_record_matches_timings(record, proxied.timings)
+        assert record["kind"] == "chat" and record["outcome"] == "completed"
+        assert record["stream"] is True and record["status"] == 200
+        assert proxied.ttft_ms is not None and record["ttft_ms"] is not None
+        # the test's clock starts before the SDK sends; the proxy's when it has the request
+        assert 0 <= proxied.ttft_ms - record["ttft_ms"] < 25, (proxied.ttft_ms, record["ttft_ms"])
+        assert record["overhead_ms"] == pytest.approx(record["ttft_ms"] - record["prefill_ms"],
+                                                      abs=1e-3)
+
+    def test_streamed_tool_call(self, proxy_process: ProxyProcess, llama_server: LlamaServer
+                                ) -> None:
+        """A streamed tool call gives the same call as direct; the record counts and times it."""
+        kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q, **TOOL_ARGS}
+        direct = _stream(_sdk(llama_server.url), **kwargs)
+        proxied = _stream(_sdk(proxy_process.url), **kwargs)
+        assert len(proxied.tool_calls) == 1
+        call = proxied.tool_calls[0]
+        assert call["name"] == direct.tool_calls[0]["name"] == "get_weather"
+        assert json.loads(call["arguments"]) == json.loads(direct.tool_calls[0]["arguments"])
+        assert json.loads(call["arguments"])["city"] == "Paris"
+        assert proxied.timings is not None
+        record = proxy_process.record(proxied.request_id)
+        _assert_record_matches_timings(record, proxied.timings)
+        assert record["kind"] == "tool"
+        assert record["tool_calls"] == 1 and record["tool_call_valid"] is True
+        assert record["finish_reason"] == "tool_calls"
+        assert record["ttft_ms"] <= record["tool_call_ms"] <= record["e2e_ms"]
+
+    def test_non_streamed_chat(self, proxy_process: ProxyProcess, llama_server: LlamaServer
+                               ) -> None:
+        """A non-streamed chat matches direct; its record takes the body's top-level timings."""
+        kwargs: dict[str, Any] = {
+            "model": "gemma", "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 12, "temperature": 0,
+        }
+        direct = _sdk(llama_server.url).chat.completions.create(**kwargs)
+        raw = _sdk(proxy_process.url).chat.completions.with_raw_response.create(**kwargs)
+        proxied = raw.parse()
+        assert proxied.choices[0].message.content == direct.choices[0].message.content
+        timings = (proxied.model_extra or {})["timings"]
+        record = proxy_process.record(raw.headers[REQUEST_ID_HEADER])
+        _assert_record_matches_timings(record, timings)
+        assert record["stream"] is False and record["ttft_ms"] is None
+        assert proxied.usage is not None
+        assert record["prompt_tokens"] == proxied.usage.prompt_tokens
+
+    def test_repeated_prompt_hits_the_cache(self, proxy_process: ProxyProcess) -> None:
+        """The same prompt twice: the second record shows the prompt cache's reuse."""
+        kwargs: dict[str, Any] = {
+            "model": "gemma", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "system", "content": "You are a terse robot. " * 20},
+                         {"role": "user", "content": "Status?"}],
+        }
+        client = _sdk(proxy_process.url)
+        first = _stream(client, **kwargs)
+        second = _stream(client, **kwargs)
+        r1 = proxy_process.record(first.request_id)
+        r2 = proxy_process.record(second.request_id)
+        assert second.timings is not None
+        _assert_record_matches_timings(r2, second.timings)
+        assert r2["cache_n"] > 0
+        assert r2["cache_hit_ratio"] > 0.5
+        assert r2["prompt_tokens"] == r1["prompt_tokens"]
+        assert r2["prefill_ms"] < r1["prefill_ms"] or r1["cache_n"] > 0
+
+    def test_log_never_holds_prompt_or_completion_text(self, proxy_process: ProxyProcess
+                                                      ) -> None:
+        """The log file has records but none of the prompts, completions or the API key."""
+        text = proxy_process.log_file.read_text()
+        assert "request_completed" in text
+        for secret in ("Paris right now", "Name three colours", "terse robot", "sk-none"):
+            assert secret not in text

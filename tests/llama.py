@@ -1,0 +1,117 @@
+"""Pytest fixtures for the real llama-server (imported by ``tests/conftest.py``).
+
+Provisioning (build llama-server, assemble the model) is part of the test run: it happens
+here if ``python -m proxy.provision`` has not warmed the cache already. If it fails, the
+tests that need the server fail when ``CI`` is set or ``TIMING_PROXY_REQUIRE_REAL=1``, so
+CI never skips them silently; on a developer's machine they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from proxy.provision import (
+    LlamaServer,
+    LlamaServerError,
+    ProvisionError,
+    chat_template_path,
+    ensure_llama_server,
+    ensure_model,
+)
+
+__all__ = [
+    "LlamaArtifacts",
+    "llama_artifacts",
+    "llama_server",
+    "provision_or_skip",
+    "real_required",
+]
+
+START_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class LlamaArtifacts:
+    """Paths of a provisioned llama-server, model and chat template."""
+
+    binary: Path
+    model: Path
+    template: Path
+
+
+def real_required() -> bool:
+    """True when missing real artefacts must fail the run (CI, or TIMING_PROXY_REQUIRE_REAL=1)."""
+    ci = os.environ.get("CI", "").strip().lower()
+    return ci not in ("", "0", "false", "no") or os.environ.get("TIMING_PROXY_REQUIRE_REAL") == "1"
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if real_required():
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def provision_or_skip(log: Callable[[str], None] | None = None) -> LlamaArtifacts:
+    """Ensure binary, model and template; on failure skip, or fail if real tests are required."""
+    out = log or (lambda msg: print(f"[provision] {msg}", file=sys.stderr, flush=True))
+    try:
+        return LlamaArtifacts(
+            binary=ensure_llama_server(log=out),
+            model=ensure_model(log=out),
+            template=chat_template_path(log=out),
+        )
+    except (ProvisionError, OSError) as exc:
+        reason = f"real llama-server could not be provisioned: {exc}"
+    _unavailable(reason)  # outside the except: no chained traceback in the report
+
+
+def _terminal_log(config: pytest.Config) -> Callable[[str], None]:
+    """A logger that shows through pytest's capture (a cold build takes minutes)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if capman is None or reporter is None:  # e.g. xdist workers
+        return lambda msg: print(f"[provision] {msg}", file=sys.stderr, flush=True)
+
+    def log(msg: str) -> None:
+        with capman.global_and_fixture_disabled():
+            reporter.write_line(f"[provision] {msg}")
+
+    return log
+
+
+@pytest.fixture(scope="session")
+def llama_artifacts(request: pytest.FixtureRequest) -> LlamaArtifacts:
+    """The provisioned llama-server binary, model and chat template (session-wide)."""
+    return provision_or_skip(_terminal_log(request.config))
+
+
+@pytest.fixture(scope="session")
+def llama_server(
+    llama_artifacts: LlamaArtifacts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
+    """A started llama-server (one slot, 4096 ctx, --metrics) shared by the session."""
+    server = LlamaServer(
+        llama_artifacts.binary,
+        llama_artifacts.model,
+        llama_artifacts.template,
+        log_dir=tmp_path_factory.mktemp("llama-server"),
+    )
+    try:
+        server.start(timeout=START_TIMEOUT)
+    except LlamaServerError as exc:
+        failure = str(exc)
+    else:
+        failure = ""
+    if failure:  # provisioned but broken: a real failure everywhere, never a skip
+        pytest.fail(failure, pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.accounting import Accounting
 from proxy.config import Config
 from proxy.logs import get_logger
 from proxy.record import Record
@@ -31,6 +32,7 @@ STATS = web.AppKey("stats", Stats)
 CONFIG = web.AppKey("config", Config)
 RecordSink = Callable[[Record, RequestFacts, Observation | None], None]
 SINKS = web.AppKey("sinks", list[RecordSink])
+ACCOUNTING: web.AppKey[Accounting | None] = web.AppKey("accounting")
 
 
 def _now_iso() -> str:
@@ -89,8 +91,21 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
             idle_timeout_s=config.upstream.idle_timeout_s,
             write_timeout_s=config.client.write_timeout_s,
         )
-        app[RELAY] = Relay(session, settings, on_record, clock=clock)
+        accounting = None
+        if config.accounting.enabled:
+            accounting = Accounting(config.upstream.url,
+                                    timeout_s=config.accounting.lookup_timeout_s,
+                                    cache_entries=config.accounting.cache_entries,
+                                    on_event=log.info)
+            await accounting.start()
+            sinks.insert(0, accounting.learn_rate)
+        app[ACCOUNTING] = accounting
+        relay = app[RELAY] = Relay(session, settings, on_record, clock=clock,
+                                   accounting=accounting)
         yield
+        await relay.drain()
+        if accounting is not None:
+            await accounting.close()
         await session.close()
 
     app.cleanup_ctx.append(upstream_ctx)
@@ -101,8 +116,10 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
     app.on_shutdown.append(on_shutdown)
 
     async def handle_stats(request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(stats.snapshot()),
-                            content_type="application/json")
+        doc = stats.snapshot()
+        accounting = request.app[ACCOUNTING]
+        doc["schemas"] = accounting.snapshot() if accounting is not None else None
+        return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
     async def handle_relay(request: web.Request) -> web.StreamResponse:
         return await request.app[RELAY].handle(request)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.record import Outcome, Record, derive, ms
+from proxy.record import Outcome, Record, derive, ms, ratio
 from proxy.request import RequestFacts
 from proxy.tracker import Observation, ToolCall
 
@@ -56,6 +56,14 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         if o.first_token_s is not None and o.last_token_s is not None
         else None
     )
+    derived = derive(o.timings, ttft_ms)
+    tool_tokens = derived["predicted_n"] if o.tool_calls and o.finish_reason == "tool_calls" \
+        else None
+    call_span = (
+        o.tool_call_s - o.first_event_s
+        if o.tool_call_s is not None and o.first_event_s is not None and facts.stream
+        else None
+    )
     analysis_error = facts.error or o.analysis_error
     if o.oversized_events and analysis_error is None:
         analysis_error = f"oversized_events:{o.oversized_events}"
@@ -75,10 +83,13 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         ttft_ms=ttft_ms,
         e2e_ms=ms(ex.end_s),
         decode_wall_ms=ms(decode_wall),
-        **derive(o.timings, ttft_ms),
+        **derived,
         tool_calls=len(o.tool_calls) if obs is not None else None,
         tool_call_valid=tool_calls_valid(o.tool_calls, facts.tool_names),
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
+        tool_call_tokens=tool_tokens,
+        tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span
+        else None,
         finish_reason=o.finish_reason,
         events=o.events if obs is not None else None,
         token_events=o.token_events if obs is not None else None,

@@ -133,6 +133,20 @@ class Record:
     tool_calls: int | None = None
     tool_call_valid: bool | None = None
     tool_call_ms: float | None = None
+    tool_call_tokens: int | None = None
+    tool_decode_tok_s: float | None = None
+    tool_args_tokens: int | None = None
+    tool_args_tokens_source: str | None = None
+    # tool schemas
+    schema_hash: str | None = None
+    schema_tools: int | None = None
+    schema_tokens: int | None = None
+    schema_tokens_source: str | None = None
+    schema_cached: bool | None = None
+    schema_prefill_ms: float | None = None
+    schema_saved_ms: float | None = None
+    schema_prefilled_again: bool | None = None
+    accounting_error: str | None = None
     # stream facts
     finish_reason: str | None = None
     events: int | None = None

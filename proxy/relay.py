@@ -12,6 +12,7 @@ agent's connection instead of ending the body cleanly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
+from proxy.accounting import Accounting, Pending
 from proxy.assemble import Exchange, build_record
 from proxy.headers import REQUEST_ID_HEADER, request_headers, response_headers
 from proxy.record import Outcome, Record
@@ -81,6 +83,8 @@ class _Flight:
     status: int | None = None
     headers_sent: bool = False
     tracker: StreamTracker | None = None
+    pending: Pending | None = None
+    expected_bytes: int | None = None
     outcome: Outcome = Outcome.COMPLETED
     error: str | None = None
 
@@ -94,8 +98,11 @@ class Relay:
         settings: RelaySettings,
         on_record: Callable[[Record, RequestFacts, Observation | None], None],
         clock: Callable[[], float] = time.perf_counter,
+        accounting: Accounting | None = None,
     ) -> None:
         self._session = session
+        self._accounting = accounting
+        self._completing: set[asyncio.Task[None]] = set()
         self._settings = settings
         self._base = settings.upstream.rstrip("/")
         self._on_record = on_record
@@ -114,7 +121,7 @@ class Relay:
             return await self._run(request, flight)
         except asyncio.CancelledError:
             flight.outcome = (
-                Outcome.SHUTDOWN_ABORTED if self.shutting_down else Outcome.CLIENT_CLOSED
+                Outcome.SHUTDOWN_ABORTED if self.shutting_down else _client_gone(flight)
             )
             raise
         except Exception as exc:  # a bug of ours: answer if we still can, else abort
@@ -136,6 +143,8 @@ class Relay:
             return self._refuse(flight, abort)
         flight.request_bytes = len(body)
         flight.facts = analyse_request(request.method, request.path, body)
+        if self._accounting is not None:
+            flight.pending = self._accounting.begin(flight.facts)
         url = URL(self._base + request.raw_path, encoded=True)
         try:
             async with _timeout(settings.header_timeout_s):
@@ -179,7 +188,7 @@ class Relay:
                                   headers=response_headers(upstream.headers.items()))
         resp.headers[REQUEST_ID_HEADER] = flight.id
         if upstream.content_length is not None and request.method != "HEAD":
-            resp.content_length = upstream.content_length
+            resp.content_length = flight.expected_bytes = upstream.content_length
         await resp.prepare(request)
         flight.headers_sent = True
         read = upstream.content.readany
@@ -203,13 +212,13 @@ class Relay:
                 return self._cut(request, resp, flight, Outcome.CLIENT_STALLED,
                                  f"client read nothing for {write_timeout} s")
             except ConnectionError:
-                flight.outcome = Outcome.CLIENT_CLOSED
+                flight.outcome = _client_gone(flight)
                 return resp
             tracker.feed(chunk)
         try:
             await resp.write_eof()
         except ConnectionError:
-            flight.outcome = Outcome.CLIENT_CLOSED
+            flight.outcome = _client_gone(flight)
         return resp
 
     def _refuse(self, flight: _Flight, abort: _Abort) -> web.Response:
@@ -252,7 +261,40 @@ class Relay:
             request_bytes=flight.request_bytes,
             error=flight.error,
         )
-        self._on_record(build_record(exchange, flight.facts, obs), flight.facts, obs)
+        record = build_record(exchange, flight.facts, obs)
+        if flight.pending is None or self._accounting is None:
+            self._on_record(record, flight.facts, obs)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._complete(self._accounting, record, flight.pending, obs))
+        self._completing.add(task)
+        task.add_done_callback(self._completing.discard)
+
+    async def _complete(self, accounting: Accounting, record: Record, pending: Pending,
+                        obs: Observation | None) -> None:
+        """Join the accounting to the record, after the agent's response has ended."""
+        try:
+            record = await accounting.complete(record, pending, obs)
+        except Exception as exc:  # the record is still written, with the reason
+            record = dataclasses.replace(record, accounting_error=type(exc).__name__)
+        self._on_record(record, pending.facts, obs)
+
+    async def drain(self) -> None:
+        """Wait for records still being completed (at shutdown)."""
+        if self._completing:
+            await asyncio.gather(*self._completing, return_exceptions=True)
+
+
+def _client_gone(flight: _Flight) -> Outcome:
+    """The agent hung up: after the whole answer (``[DONE]`` or every byte of a sized body)
+    that is a completed exchange, as the OpenAI SDK closes once it has read ``[DONE]``."""
+    tracker = flight.tracker
+    if tracker is not None and (
+        tracker.done
+        or (flight.expected_bytes is not None and tracker.bytes_seen >= flight.expected_bytes)
+    ):
+        return Outcome.COMPLETED
+    return Outcome.CLIENT_CLOSED
 
 
 _NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Content-Type"})

@@ -49,6 +49,7 @@ class Observation:
     """What the tracker saw of one response. Times are seconds since the request arrived."""
 
     first_byte_s: float | None = None
+    first_event_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
     last_byte_s: float | None = None
@@ -91,6 +92,7 @@ class StreamTracker:
         self._max_body = max_body_bytes
         self._bytes = 0
         self._first_byte: float | None = None
+        self._first_event: float | None = None
         self._last_byte: float | None = None
         self._first_token: float | None = None
         self._last_token: float | None = None
@@ -105,6 +107,16 @@ class StreamTracker:
         self._error: str | None = None
         self._analysis_error: str | None = None
         self._done = False
+
+    @property
+    def done(self) -> bool:
+        """True once the stream's ``[DONE]`` event was seen."""
+        return self._done
+
+    @property
+    def bytes_seen(self) -> int:
+        """Body bytes fed so far."""
+        return self._bytes
 
     def feed(self, chunk: bytes) -> None:
         """Take one forwarded chunk. Never raises."""
@@ -130,6 +142,8 @@ class StreamTracker:
 
     def _on_event(self, data: bytes, now: float) -> None:
         self._events += 1
+        if self._first_event is None:
+            self._first_event = now
         if data == b"[DONE]":
             self._done = True
             return
@@ -244,6 +258,7 @@ class StreamTracker:
         )
         return Observation(
             first_byte_s=self._first_byte,
+            first_event_s=self._first_event,
             first_token_s=self._first_token,
             last_token_s=self._last_token,
             last_byte_s=self._last_byte,

@@ -64,10 +64,17 @@ async def fake(aiohttp_server: Any) -> tuple[FakeUpstream, TestServer]:
 
 @pytest.fixture
 def make_proxy(aiohttp_client: Any) -> ProxyFactory:
-    """Start the proxy against an upstream URL, with config overrides per section."""
+    """Start the proxy against an upstream URL, with config overrides per section.
+
+    Accounting is off unless a test passes ``accounting={"enabled": True}``.
+    """
 
     async def start(upstream_url: str, **sections: dict[str, object]) -> ProxyUnderTest:
-        overrides: dict[str, dict[str, object]] = {"upstream": {"url": upstream_url}}
+        overrides: dict[str, dict[str, object]] = {
+            "upstream": {"url": upstream_url},
+            # look-ups would reach the fake too; tests of accounting switch it on
+            "accounting": {"enabled": False},
+        }
         for name, values in sections.items():
             overrides.setdefault(name, {}).update(values)
         config = load_config(None, overrides)

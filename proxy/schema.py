@@ -1,0 +1,144 @@
+"""Tool-schema accounting arithmetic. Pure: the look-ups live in :mod:`proxy.accounting`.
+
+Two hashes:
+
+* ``schema_hash`` names the tools themselves (canonical JSON of the ``tools`` array): what a
+  user calls "my schema", the key of ``/stats`` ``schemas``.
+* the *render key* covers everything that changes how the template renders the tools and
+  where their block ends: ``tools``, ``tool_choice``, ``parallel_tool_calls``,
+  ``chat_template_kwargs`` and the leading system messages. Chat templates put the tools
+  block in the system turn, before the first user message (Qwen 2.5/3, Hermes, Llama 3.x
+  JSON tools, Gemma 4), so later messages do not move it. Look-up results are cached by
+  this key: a schema seen before costs no upstream call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "SchemaCost",
+    "SchemaLayout",
+    "differing_region",
+    "render_key",
+    "schema_cost",
+    "schema_hash",
+    "strip_tools",
+]
+
+_RENDER_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")
+_NOT_FOR_COUNTING = ("stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def schema_hash(tools: list[Any]) -> str:
+    """Short stable name of a ``tools`` array (key order inside objects does not matter)."""
+    return _digest(tools)[:12]
+
+
+def render_key(body: dict[str, Any]) -> str:
+    """Hash of everything in ``body`` that changes the rendering of the tools block."""
+    messages = body.get("messages")
+    leading: list[Any] = []
+    if isinstance(messages, list):
+        for m in messages:
+            if not (isinstance(m, dict) and m.get("role") in ("system", "developer")):
+                break
+            leading.append(m)
+    return _digest({**{k: body.get(k) for k in _RENDER_KEYS}, "system": leading})
+
+
+def for_counting(body: dict[str, Any]) -> dict[str, Any]:
+    """The body as sent to ``input_tokens``/``apply-template`` (no streaming options)."""
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+
+def strip_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """The same body without ``tools`` and what only makes sense with them."""
+    return {k: v for k, v in body.items() if k not in _NOT_FOR_COUNTING}
+
+
+def differing_region(with_tools: str, without: str) -> tuple[int, int]:
+    """``(start, end)`` character offsets in ``with_tools`` of the text the tools added.
+
+    The longest common prefix and, of the rest, the longest common suffix of the two
+    renderings bound the tools block, template wrapper text included.
+    """
+    limit = min(len(with_tools), len(without))
+    start = 0
+    while start < limit and with_tools[start] == without[start]:
+        start += 1
+    suffix = 0
+    while (suffix < limit - start
+           and with_tools[len(with_tools) - 1 - suffix] == without[len(without) - 1 - suffix]):
+        suffix += 1
+    return start, len(with_tools) - suffix
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaLayout:
+    """Where the tools block sits in the prompt, in tokens: ``[start, end)`` positions."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaCost:
+    """What the schema cost one request."""
+
+    cached: bool | None
+    prefilled_tokens: float | None
+    prefill_ms: float | None
+    saved_ms: float | None
+
+
+def schema_cost(
+    schema_tokens: int,
+    layout: SchemaLayout | None,
+    cache_n: int | None,
+    prompt_n: int | None,
+    prefill_ms: float | None,
+    reference_ms_per_token: float | None = None,
+) -> SchemaCost:
+    """Price the schema for one request from the prompt cache's reach (``cache_n``).
+
+    The schema tokens at positions ``>= cache_n`` were prefilled this time and cost this
+    request's ``prefill_ms / prompt_n`` each; the others were served from the cache.
+    ``saved_ms`` prices the cached ones at ``reference_ms_per_token``, a prefill rate
+    measured on a large uncached batch: this request's own rate would be wrong when only a
+    few tokens were prefilled, since ``prompt_ms`` includes the first token's sampling.
+    Without a reference, ``saved_ms`` is unknown unless nothing was saved. Without a
+    layout the position is unknown and the cost is known only when nothing was cached.
+    """
+    rate = prefill_ms / prompt_n if prefill_ms is not None and prompt_n else None
+    if cache_n is None or rate is None:
+        return SchemaCost(None, None, None, None)
+    if layout is None:
+        if cache_n > 0:
+            return SchemaCost(None, None, None, None)
+        paid = float(schema_tokens)
+    else:
+        span = layout.end - layout.start
+        uncached = max(0, layout.end - max(layout.start, cache_n))
+        paid = schema_tokens * (uncached / span) if span > 0 else 0.0
+    saved_tokens = schema_tokens - paid
+    if saved_tokens <= 0:
+        saved: float | None = 0.0
+    elif reference_ms_per_token is not None:
+        saved = round(saved_tokens * reference_ms_per_token, 3)
+    else:
+        saved = None
+    return SchemaCost(
+        cached=paid == 0 if layout is not None else False,
+        prefilled_tokens=round(paid, 3),
+        prefill_ms=round(paid * rate, 3),
+        saved_ms=saved,
+    )

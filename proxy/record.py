@@ -194,7 +194,9 @@ def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, An
         "cache_n": t.cache_n,
         "predicted_n": t.predicted_n,
         "prefill_tok_s": ratio(t.prompt_n, t.prompt_ms, 1000.0),
-        "decode_tok_s": ratio(decode_steps, t.predicted_ms, 1000.0) if decode_steps else None,
+        "decode_tok_s": ratio(decode_steps, t.predicted_ms, 1000.0)
+        if decode_steps is not None and decode_steps > 0
+        else None,
         "prompt_tokens": prompt_tokens,
         "cache_hit_ratio": ratio(t.cache_n, prompt_tokens),
         "overhead_ms": _sub(ttft_ms, t.prompt_ms),

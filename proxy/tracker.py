@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -188,11 +188,12 @@ class StreamTracker:
             details = usage.get("prompt_tokens_details")
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
             prompt = usage.get("prompt_tokens")
-            if isinstance(prompt, int) and isinstance(cached, int):
+            completion = usage.get("completion_tokens")
+            if _is_int(prompt) and _is_int(cached):
                 self._usage = ServerTimings(
                     prompt_n=prompt - cached,
                     cache_n=cached,
-                    predicted_n=usage.get("completion_tokens"),
+                    predicted_n=completion if _is_int(completion) else None,
                 )
         error = obj.get("error")
         if isinstance(error, dict):
@@ -275,6 +276,10 @@ class StreamTracker:
             oversized_events=oversized,
             done=self._done,
         )
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,194 @@
+"""Tests for proxy.request: what the proxy reads of a request body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.record import Kind
+from proxy.request import RequestFacts, analyse_request
+from tests.fakes import RECORDINGS_DIR, load_recording
+
+CHAT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+ARM = {"type": "function", "function": {"name": "move_arm", "parameters": {"type": "object"}}}
+
+
+def body(**fields: Any) -> bytes:
+    return orjson.dumps({"model": "gemma-3-270m", "messages": MESSAGES, **fields})
+
+
+class TestKind:
+    @pytest.mark.parametrize(
+        ("method", "path", "raw", "kind"),
+        [
+            ("POST", CHAT, body(tools=[WEATHER]), Kind.TOOL),
+            ("POST", CHAT, body(tools=[WEATHER, ARM], stream=True), Kind.TOOL),
+            ("POST", CHAT, body(tools=[]), Kind.CHAT),
+            ("POST", CHAT, body(tools=None), Kind.CHAT),
+            ("POST", CHAT, body(), Kind.CHAT),
+            ("POST", CHAT, body(tools={"get_weather": 1}), Kind.CHAT),
+            ("POST", "/chat/completions", body(tools=[WEATHER]), Kind.TOOL),
+            ("POST", CHAT + "/", body(), Kind.CHAT),
+            ("POST", CHAT, b"", Kind.CHAT),
+            ("POST", "/v1/completions", orjson.dumps({"prompt": "The capital of"}), Kind.OTHER),
+            ("POST", "/v1/completions", body(tools=[WEATHER]), Kind.OTHER),
+            ("POST", "/completion", orjson.dumps({"prompt": "x", "stream": True}), Kind.OTHER),
+            ("POST", "/v1/embeddings", orjson.dumps({"input": "x"}), Kind.OTHER),
+            ("GET", "/health", b"", Kind.OTHER),
+            ("GET", "/v1/models", b"", Kind.OTHER),
+            ("GET", CHAT, b"", Kind.OTHER),
+            ("GET", CHAT, body(tools=[WEATHER]), Kind.OTHER),
+        ],
+        ids=[
+            "chat_with_tools",
+            "chat_two_tools_stream",
+            "chat_empty_tools",
+            "chat_null_tools",
+            "chat_no_tools",
+            "chat_tools_not_a_list",
+            "unversioned_chat_path",
+            "trailing_slash",
+            "chat_empty_body",
+            "completions",
+            "completions_with_tools",
+            "native_completion",
+            "embeddings",
+            "get_health",
+            "get_models",
+            "get_chat_path",
+            "get_chat_with_body",
+        ],
+    )
+    def test_kind(self, method: str, path: str, raw: bytes, kind: Kind) -> None:
+        """tool = POST chat with a non-empty tools list; chat = other POST chat; else other."""
+        assert analyse_request(method, path, raw).kind is kind
+
+
+class TestFields:
+    def test_tool_names_collected(self) -> None:
+        """The names of every declared function are collected."""
+        facts = analyse_request("POST", CHAT, body(tools=[WEATHER, ARM]))
+        assert facts.tool_names == frozenset({"get_weather", "move_arm"})
+
+    def test_malformed_tools_skipped(self) -> None:
+        """Tools without a string function name are skipped; the others still count."""
+        tools = [
+            WEATHER,
+            {"type": "function"},
+            {"function": {"name": 3}},
+            "x",
+            None,
+            {"function": "name"},
+        ]
+        facts = analyse_request("POST", CHAT, body(tools=tools))
+        assert facts.tool_names == frozenset({"get_weather"})
+        assert facts.kind is Kind.TOOL
+        assert facts.error is None
+
+    def test_no_tools_no_names(self) -> None:
+        """Without tools the name set is empty."""
+        assert analyse_request("POST", CHAT, body()).tool_names == frozenset()
+
+    @pytest.mark.parametrize(
+        ("fields", "stream"),
+        [
+            ({"stream": True}, True),
+            ({"stream": False}, False),
+            ({}, False),
+            ({"stream": None}, False),
+            ({"stream": "true"}, False),
+            ({"stream": 1}, False),
+        ],
+        ids=["true", "false", "absent", "null", "string", "int"],
+    )
+    def test_stream_flag(self, fields: dict[str, Any], stream: bool) -> None:
+        """stream is True only for a JSON true; false, absent or non-bool read as False."""
+        assert analyse_request("POST", CHAT, body(**fields)).stream is stream
+
+    def test_model(self) -> None:
+        """The requested model name is read; a non-string model is None."""
+        assert analyse_request("POST", CHAT, body()).model == "gemma-3-270m"
+        raw = orjson.dumps({"model": 7, "messages": MESSAGES})
+        assert analyse_request("POST", CHAT, raw).model is None
+
+    def test_body_kept(self) -> None:
+        """The parsed body object is kept for accounting."""
+        raw = body(tools=[WEATHER])
+        assert analyse_request("POST", CHAT, raw).body == orjson.loads(raw)
+
+    def test_get_has_no_facts(self) -> None:
+        """A GET is not parsed: no model, stream unknown (None), no body, no error."""
+        assert analyse_request("GET", "/health", b"") == RequestFacts(kind=Kind.OTHER)
+
+    def test_empty_post_body_no_error(self) -> None:
+        """An empty POST body is not an analysis error."""
+        facts = analyse_request("POST", CHAT, b"")
+        assert facts.error is None
+        assert facts.body is None
+
+
+class TestErrors:
+    @pytest.mark.parametrize(("path", "kind"), [(CHAT, Kind.CHAT), ("/v1/completions", Kind.OTHER)])
+    def test_not_json(self, path: str, kind: Kind) -> None:
+        """A non-JSON body gives error request_body_not_json and keeps the path's kind."""
+        facts = analyse_request("POST", path, b'{"model": "gemma-3-270m", "messages": [')
+        assert facts.error == "request_body_not_json"
+        assert facts.kind is kind
+        assert facts.body is None
+        assert facts.tool_names == frozenset()
+
+    def test_invalid_utf8(self) -> None:
+        """Bytes that are not UTF-8 are reported as not JSON, not raised."""
+        facts = analyse_request("POST", CHAT, b"\xff\xfe{}")
+        assert facts.error == "request_body_not_json"
+
+    @pytest.mark.parametrize("raw", [b"[1, 2]", b'"text"', b"42", b"null", b"true"])
+    def test_not_an_object(self, raw: bytes) -> None:
+        """JSON that is not an object gives request_body_not_an_object, kind from the path."""
+        facts = analyse_request("POST", CHAT, raw)
+        assert facts.error == "request_body_not_an_object"
+        assert facts.kind is Kind.CHAT
+        assert facts.body is None
+
+    def test_valid_body_no_error(self) -> None:
+        """A valid chat body has no analysis error."""
+        assert analyse_request("POST", CHAT, body()).error is None
+
+
+class TestRecordedRequests:
+    @pytest.mark.parametrize(
+        ("name", "kind", "stream"),
+        [
+            ("tool_stream", Kind.TOOL, True),
+            ("tool_nostream", Kind.TOOL, False),
+            ("chat_stream", Kind.CHAT, True),
+            ("chat_nostream", Kind.CHAT, False),
+            ("completions_stream", Kind.OTHER, True),
+            ("health", Kind.OTHER, None),
+        ],
+    )
+    def test_recorded(self, name: str, kind: Kind, stream: bool | None) -> None:
+        """The requests sent to the real llama-server classify as expected."""
+        if not (RECORDINGS_DIR / f"{name}.json").exists():
+            pytest.skip(f"no recording {name}")
+        rec = load_recording(name)
+        facts = analyse_request(rec.request_method, rec.request_path, rec.request_body)
+        assert facts.kind is kind
+        assert facts.stream is stream
+        if kind is Kind.TOOL:
+            assert facts.tool_names == frozenset({"get_weather", "move_arm"})

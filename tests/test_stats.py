@@ -1,0 +1,259 @@
+"""Tests for proxy.stats: percentiles, per-kind summaries and the bounded /stats aggregate."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.record import Kind, Outcome, Record
+from proxy.stats import SUMMARY_FIELDS, Stats, percentile, summarize, summarize_kind
+
+SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
+
+
+def rec(
+    i: int = 0, kind: Kind = Kind.CHAT, outcome: Outcome = Outcome.COMPLETED, **fields: Any
+) -> Record:
+    """A record with id ``r-i`` and the given fields."""
+    return Record(
+        id=f"r-{i}",
+        ts="2025-11-30T03:40:00Z",
+        method="POST",
+        path="/v1/chat/completions",
+        kind=kind,
+        outcome=outcome,
+        **fields,
+    )
+
+
+class TestPercentile:
+    def test_seed_median(self) -> None:
+        """The seed's five tool-call totals have median 2061 ms (the third of five)."""
+        assert percentile(sorted(SEED_TOOL_TOTALS), 0.5) == 2061.0
+
+    def test_empty(self) -> None:
+        """No values give None, not 0."""
+        assert percentile([], 0.5) is None
+
+    def test_single(self) -> None:
+        """One value is every percentile."""
+        assert [percentile([7.0], q) for q in (0.0, 0.5, 0.9, 0.99, 1.0)] == [7.0] * 5
+
+    @pytest.mark.parametrize(
+        ("q", "expected"),
+        [
+            (0.0, 10.0),
+            (0.5, 55.0),  # pos 4.5 → 50 + 0.5*10
+            (0.9, 91.0),  # pos 8.1 → 90 + 0.1*10
+            (0.99, 99.1),  # pos 8.91 → 90 + 0.91*10
+            (1.0, 100.0),
+        ],
+    )
+    def test_linear_interpolation(self, q: float, expected: float) -> None:
+        """Percentiles of 10..100 interpolate linearly between ranks (numpy's default)."""
+        values = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
+        assert percentile(values, q) == pytest.approx(expected, abs=1e-9)
+
+    def test_seed_p90_p99(self) -> None:
+        """p90/p99 of the seed's totals by hand: positions 3.6 and 3.96, between 3172 and 4071."""
+        values = sorted(SEED_TOOL_TOTALS)
+        assert percentile(values, 0.9) == pytest.approx(3172 + 0.6 * (4071 - 3172))  # 3711.4
+        assert percentile(values, 0.99) == pytest.approx(3172 + 0.96 * (4071 - 3172))  # 4035.04
+
+    def test_two_values(self) -> None:
+        """With two values the median is their mean."""
+        assert percentile([1.0, 2.0], 0.5) == 1.5
+
+    def test_rounded_to_microsecond(self) -> None:
+        """Results are rounded to 3 decimals."""
+        assert percentile([0.0, 1.0], 1 / 3) == 0.333
+
+
+class TestSummarizeKind:
+    def test_count_and_fields(self) -> None:
+        """The summary has count, {p50,p90,p99} for each summary field, and the split."""
+        out = summarize_kind([rec(i, tool_call_ms=v) for i, v in enumerate(SEED_TOOL_TOTALS)])
+        assert out["count"] == 5
+        assert set(out) == {"count", "split", *SUMMARY_FIELDS}
+        for name in SUMMARY_FIELDS:
+            assert set(out[name]) == {"p50", "p90", "p99"}
+
+    def test_unsorted_input_is_sorted(self) -> None:
+        """Records in arrival order (unsorted values) give the right percentiles."""
+        out = summarize_kind([rec(i, tool_call_ms=v) for i, v in enumerate(SEED_TOOL_TOTALS)])
+        assert out["tool_call_ms"]["p50"] == 2061.0
+        assert out["tool_call_ms"]["p90"] == pytest.approx(3711.4)
+
+    def test_unknown_values_skipped(self) -> None:
+        """None values are left out of the percentiles, not counted as 0."""
+        records = [rec(0, ttft_ms=100.0), rec(1, ttft_ms=None), rec(2, ttft_ms=300.0)]
+        out = summarize_kind(records)
+        assert out["count"] == 3
+        assert out["ttft_ms"]["p50"] == 200.0
+        assert out["e2e_ms"] == {"p50": None, "p90": None, "p99": None}
+
+    def test_split_from_medians(self) -> None:
+        """The split is median prefill vs median decode: 796 and 1265 ms → 38.6 % / 61.4 %."""
+        records = [
+            rec(0, prefill_ms=700.0, decode_ms=1265.0),
+            rec(1, prefill_ms=796.0, decode_ms=1500.0),
+            rec(2, prefill_ms=900.0, decode_ms=1000.0),
+        ]
+        assert summarize_kind(records)["split"] == {
+            "prefill_ms": 796.0,
+            "decode_ms": 1265.0,
+            "prefill_pct": 38.6,
+            "decode_pct": 61.4,
+        }
+
+    def test_split_unknown(self) -> None:
+        """Without both medians the split percentages are None."""
+        split = summarize_kind([rec(0, prefill_ms=796.0)])["split"]
+        assert split == {
+            "prefill_ms": 796.0,
+            "decode_ms": None,
+            "prefill_pct": None,
+            "decode_pct": None,
+        }
+
+    def test_split_zero_total(self) -> None:
+        """A zero prefill+decode total gives no percentages (no division by zero)."""
+        split = summarize_kind([rec(0, prefill_ms=0.0, decode_ms=0.0)])["split"]
+        assert split["prefill_pct"] is None and split["decode_pct"] is None
+
+    def test_empty(self) -> None:
+        """No records: count 0 and every percentile None."""
+        out = summarize_kind([])
+        assert out["count"] == 0
+        assert out["ttft_ms"]["p50"] is None
+        assert out["split"]["prefill_pct"] is None
+
+
+class TestSummarize:
+    def test_only_chat_and_tool(self) -> None:
+        """summarize gives a chat and a tool summary; other records are left out."""
+        records = [
+            rec(0, Kind.CHAT, ttft_ms=10.0),
+            rec(1, Kind.TOOL, ttft_ms=20.0),
+            rec(2, Kind.TOOL, ttft_ms=40.0),
+            rec(3, Kind.OTHER, ttft_ms=999.0),
+        ]
+        out = summarize(records)
+        assert set(out) == {"chat", "tool"}
+        assert out["chat"]["count"] == 1
+        assert out["tool"]["count"] == 2
+        assert out["tool"]["ttft_ms"]["p50"] == 30.0
+
+    def test_empty(self) -> None:
+        """No records still yields both kinds with count 0."""
+        out = summarize([])
+        assert out["chat"]["count"] == 0 and out["tool"]["count"] == 0
+
+
+class TestStats:
+    def test_empty_snapshot(self) -> None:
+        """A fresh aggregate reports zero requests, no hit ratio and no recent records."""
+        snap = Stats(since="2025-11-30T03:40:00Z").snapshot()
+        assert snap["requests"] == 0
+        assert snap["since"] == "2025-11-30T03:40:00Z"
+        assert snap["outcomes"] == {}
+        assert snap["cache"] == {"cache_n": 0, "prompt_tokens": 0, "hit_ratio": None}
+        assert snap["recent"] == []
+        assert snap["kinds"]["chat"]["count"] == 0
+        assert snap["kinds"]["tool"]["window"] == 0
+
+    def test_window_bounded(self) -> None:
+        """Percentiles cover only the last ``window`` records; count is the running total."""
+        window = 10
+        stats = Stats(since="s", window=window)
+        # 50 records at 10_000 ms, then the last `window` at 1..10 ms
+        for i in range(50):
+            stats.add(rec(i, Kind.TOOL, ttft_ms=10_000.0))
+        for i in range(window):
+            stats.add(rec(50 + i, Kind.TOOL, ttft_ms=float(i + 1)))
+        tool = stats.snapshot()["kinds"]["tool"]
+        assert tool["count"] == window + 50
+        assert tool["window"] == window
+        assert tool["ttft_ms"]["p50"] == 5.5
+        assert tool["ttft_ms"]["p99"] == pytest.approx(9.91)
+
+    def test_windows_per_kind(self) -> None:
+        """Each kind has its own window: chat records do not push tool records out."""
+        stats = Stats(since="s", window=3)
+        for i in range(3):
+            stats.add(rec(i, Kind.TOOL, ttft_ms=1.0))
+        for i in range(10):
+            stats.add(rec(10 + i, Kind.CHAT, ttft_ms=2.0))
+        kinds = stats.snapshot()["kinds"]
+        assert kinds["tool"]["window"] == 3
+        assert kinds["tool"]["ttft_ms"]["p50"] == 1.0
+        assert kinds["chat"]["count"] == 10
+
+    def test_recent_bounded_newest_first(self) -> None:
+        """recent keeps the last N records whole, newest first."""
+        stats = Stats(since="s", recent=3)
+        for i in range(7):
+            stats.add(rec(i))
+        recent = stats.snapshot()["recent"]
+        assert [r["id"] for r in recent] == ["r-6", "r-5", "r-4"]
+        assert recent[0] == rec(6).to_dict()
+
+    def test_cache_sums_and_hit_ratio(self) -> None:
+        """Cache sums add cache_n and prompt_tokens of records that know both; hit_ratio divides."""
+        stats = Stats(since="s")
+        stats.add(rec(0, cache_n=35, prompt_tokens=40))
+        stats.add(rec(1, cache_n=301, prompt_tokens=306))
+        stats.add(rec(2, cache_n=None, prompt_tokens=500))  # unknown: left out of both sums
+        stats.add(rec(3, cache_n=7, prompt_tokens=None))
+        assert stats.snapshot()["cache"] == {
+            "cache_n": 336,
+            "prompt_tokens": 346,
+            "hit_ratio": round(336 / 346, 6),
+        }
+
+    def test_cache_sums_are_running_totals(self) -> None:
+        """Cache sums include records already pushed out of the window."""
+        stats = Stats(since="s", window=1, recent=1)
+        for i in range(5):
+            stats.add(rec(i, Kind.TOOL, cache_n=1, prompt_tokens=4))
+        assert stats.snapshot()["cache"] == {"cache_n": 5, "prompt_tokens": 20, "hit_ratio": 0.25}
+
+    def test_outcomes_counted(self) -> None:
+        """Each outcome is counted under its string value."""
+        stats = Stats(since="s")
+        for i, outcome in enumerate(
+            [Outcome.COMPLETED, Outcome.COMPLETED, Outcome.CLIENT_CLOSED, Outcome.UPSTREAM_TIMEOUT]
+        ):
+            stats.add(rec(i, outcome=outcome))
+        assert stats.snapshot()["outcomes"] == {
+            "completed": 2,
+            "client_closed": 1,
+            "upstream_timeout": 1,
+        }
+
+    def test_other_counted_in_requests_not_kinds(self) -> None:
+        """``other`` requests count in requests (and recent) but have no kinds entry."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.OTHER))
+        stats.add(rec(1, Kind.OTHER))
+        stats.add(rec(2, Kind.CHAT))
+        snap = stats.snapshot()
+        assert snap["requests"] == 3
+        assert set(snap["kinds"]) == {"chat", "tool"}
+        assert snap["kinds"]["chat"]["count"] == 1
+        assert snap["kinds"]["tool"]["count"] == 0
+        assert len(snap["recent"]) == 3
+
+    def test_snapshot_serialises_with_orjson(self) -> None:
+        """The /stats document serialises with plain orjson.dumps and has only str keys."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.TOOL, Outcome.CLIENT_CLOSED, ttft_ms=1.0, cache_n=1, prompt_tokens=2))
+        stats.add(rec(1, Kind.OTHER, Outcome.COMPLETED))
+        snap = stats.snapshot()
+        assert all(type(k) is str for k in snap["outcomes"])
+        doc = orjson.loads(orjson.dumps(snap))
+        assert doc["outcomes"] == {"client_closed": 1, "completed": 1}
+        assert doc == json.loads(json.dumps(snap))

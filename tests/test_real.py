@@ -151,9 +151,8 @@ def _stream(client: OpenAI, **kwargs: Any) -> StreamResult:
             timings = extra["timings"]
         for choice in chunk.choices:
             delta = choice.delta
-            if delta.content or delta.tool_calls:
-                if ttft is None:
-                    ttft = (time.perf_counter() - t0) * 1000
+            if (delta.content or delta.tool_calls) and ttft is None:
+                ttft = (time.perf_counter() - t0) * 1000
             content += delta.content or ""
             for tc in delta.tool_calls or []:
                 call = calls.setdefault(tc.index, {"name": "", "arguments": ""})

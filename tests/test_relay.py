@@ -105,7 +105,7 @@ class TestRequestForwarding:
     """What the agent sends reaches the upstream unchanged."""
 
     async def test_body_path_query_and_credentials_are_forwarded(self, proxied: Proxied) -> None:
-        """The body bytes, the encoded path and query, Authorization and X-Api-Key arrive as sent."""
+        """The body bytes, Authorization and X-Api-Key arrive upstream exactly as sent."""
         upstream, proxy = proxied
         upstream.script = echo()
         body = b'{"messages":[{"role":"user","content":"h\xc3\xa9 \\u2028"}],  "max_tokens":1}'
@@ -251,7 +251,7 @@ class TestFailures:
     async def test_slow_but_steady_stream_outlives_idle_timeout(
         self, fake: Any, make_proxy: ProxyFactory
     ) -> None:
-        """Events 0.1 s apart for 1.2 s pass an idle timeout of 0.5 s: there is no total deadline."""
+        """Events 0.1 s apart for 1.2 s pass an idle timeout of 0.5 s: no total deadline."""
         upstream, server = fake
         upstream.script = slow_steady(12, 0.1)
         proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
@@ -266,13 +266,13 @@ class TestFailures:
 
 
 class TestClientHangUp:
-    """When the agent hangs up, the upstream connection is closed at once (llama-server's cancel)."""
+    """When the agent hangs up, the upstream connection closes at once (llama-server's cancel)."""
 
     async def test_hang_up_before_headers_closes_upstream(self, proxied: Proxied) -> None:
         """An agent leaving during prefill closes the upstream socket within a second."""
         upstream, proxy = proxied
         upstream.script = hang_before_headers(30)
-        reader, writer = await _raw_request(proxy.url, CHAT_BODY)
+        _, writer = await _raw_request(proxy.url, CHAT_BODY)
         seen = await upstream.wait_seen()
         writer.close()
         t_close = time.monotonic()

@@ -6,9 +6,11 @@ every other method and path goes to the relay.
 
 from __future__ import annotations
 
+import hmac
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from importlib import resources
 from typing import Any
 
 import aiohttp
@@ -18,8 +20,10 @@ from aiohttp import web
 from proxy.accounting import Accounting
 from proxy.config import Config
 from proxy.logs import get_logger
+from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.metrics import Metrics
 from proxy.record import Record
-from proxy.relay import Relay, RelaySettings
+from proxy.relay import Relay, RelaySettings, error_response
 from proxy.request import RequestFacts
 from proxy.stats import Stats
 from proxy.tracker import Observation
@@ -55,10 +59,41 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
     )
 
 
+RESERVED = frozenset({"/stats", "/metrics", "/dashboard"})
+"""Paths the proxy answers itself; everything else is relayed."""
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def auth_middleware(token: str | None) -> Any:
+    """Bearer-token check for the reserved paths (off when ``token`` is empty).
+
+    The dashboard page may also be opened as ``/dashboard?token=...``; its fetches send the
+    header. Relayed paths are never checked here: llama-server checks its own API key.
+    """
+    expected = f"Bearer {token}" if token else None
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is None or request.path not in RESERVED:
+            return await handler(request)
+        given = request.headers.get("Authorization")
+        if given is None and request.path == "/dashboard":
+            given = f"Bearer {request.query.get('token', '')}"
+        if given is not None and hmac.compare_digest(given.encode(), expected.encode()):
+            return await handler(request)
+        return error_response(401, "missing or wrong bearer token for " + request.path,
+                              "unauthorized")
+
+    return check
+
+
 def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
               ) -> web.Application:
     """The proxy application for ``config``."""
-    app = web.Application(handler_args={"max_field_size": 65536})
+    app = web.Application(handler_args={"max_field_size": 65536},
+                          middlewares=[auth_middleware(config.server.auth_token)])
     app[CONFIG] = config
     stats = Stats(since=_now_iso(), recent=config.stats.recent, window=config.stats.window)
     app[STATS] = stats
@@ -70,7 +105,8 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
     def count_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
         stats.add(record)
 
-    sinks: list[RecordSink] = [count_record, log_record]
+    metrics = Metrics()
+    sinks: list[RecordSink] = [count_record, metrics.observe, log_record]
     app[SINKS] = sinks
 
     def on_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
@@ -124,7 +160,28 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
     async def handle_relay(request: web.Request) -> web.StreamResponse:
         return await request.app[RELAY].handle(request)
 
+    dashboard = (resources.files("proxy") / "static" / "dashboard.html").read_bytes()
+
+    async def handle_dashboard(request: web.Request) -> web.Response:
+        return web.Response(body=dashboard, content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})
+
+    async def handle_metrics(request: web.Request) -> web.Response:
+        upstream: bytes | None = None
+        try:
+            async with request.app[SESSION].get(config.upstream.url + "/metrics",
+                                                timeout=aiohttp.ClientTimeout(total=2.0)
+                                                ) as resp:
+                if resp.status == 200:
+                    upstream = await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        return web.Response(body=metrics.render(upstream),
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     app.router.add_get("/stats", handle_stats)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/dashboard", handle_dashboard)
     app.router.add_route("*", "/{tail:.*}", handle_relay)
     return app
 

@@ -257,3 +257,101 @@ class TestThroughTheProxy:
         assert "request_completed" in text
         for secret in ("Paris right now", "Name three colours", "terse robot", "sk-none"):
             assert secret not in text
+
+
+def _post_json(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _nonce_tools(nonce: str) -> list[dict[str, Any]]:
+    weather = json.loads(json.dumps(WEATHER_TOOL))
+    weather["function"]["description"] += f" (catalogue {nonce})"
+    return [weather, ARM_TOOL]
+
+
+class TestSchemaAccounting:
+    """Schema and tool-call accounting against the served model's own template and tokenizer."""
+
+    def test_schema_tokens_cold_then_cached(self, proxy_process: ProxyProcess,
+                                            llama_server: LlamaServer) -> None:
+        """A new schema is charged on the cold request and free on an identical repeat."""
+        tools = _nonce_tools(str(time.time_ns()))
+        kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q,
+                                  **{**TOOL_ARGS, "tools": tools, "max_tokens": 8}}
+        client = _sdk(proxy_process.url)
+        cold = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
+        warm = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
+        # the independent count: llama-server's input_tokens with and without the tools
+        body = {"messages": WEATHER_Q, "tools": tools,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        url = llama_server.url + "/v1/chat/completions/input_tokens"
+        with_tools = _post_json(url, body)["input_tokens"]
+        without = _post_json(url, {k: v for k, v in body.items() if k != "tools"})["input_tokens"]
+        for r in (cold, warm):
+            assert r["schema_tokens"] == with_tools - without > 0
+            assert r["schema_tokens_source"] == "server"
+            assert r["schema_tools"] == 2 and r["accounting_error"] is None
+        assert cold["cache_n"] < 10 and cold["schema_cached"] is False
+        rate = cold["prefill_ms"] / cold["prompt_n"]
+        assert cold["schema_prefill_ms"] == pytest.approx(cold["schema_tokens"] * rate, rel=0.02)
+        assert warm["cache_n"] > cold["schema_tokens"]
+        assert warm["schema_cached"] is True and warm["schema_prefill_ms"] == 0
+        assert warm["schema_saved_ms"] is not None and warm["schema_saved_ms"] > 0
+        assert warm["schema_hash"] == cold["schema_hash"]
+
+    def test_busted_cache_is_reported(self, proxy_process: ProxyProcess) -> None:
+        """The same schema prefilled again (cache_prompt false) is flagged and counted."""
+        tools = _nonce_tools(str(time.time_ns()))
+        kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q,
+                                  **{**TOOL_ARGS, "tools": tools, "max_tokens": 4}}
+        client = _sdk(proxy_process.url)
+        first = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
+        busted = {**kwargs, "extra_body": {**kwargs["extra_body"], "cache_prompt": False}}
+        again = proxy_process.record(_stream(client, **busted).request_id, within=15)
+        assert first["schema_prefilled_again"] is False
+        assert again["cache_n"] == 0 and again["schema_prefilled_again"] is True
+        assert again["schema_prefill_ms"] > 0
+        with urllib.request.urlopen(proxy_process.url + "/stats", timeout=5) as resp:
+            stats = json.loads(resp.read())
+        schema = stats["schemas"]["by_hash"][again["schema_hash"]]
+        assert schema["prefilled_again"] >= 1 and schema["calls"] >= 2
+        events = [json.loads(line) for line in proxy_process.log_file.read_text().splitlines()]
+        flagged = [e for e in events if e.get("event") == "schema_prefilled_again"]
+        assert any(e["id"] == again["id"] for e in flagged)
+
+    def test_tool_call_tokens(self, proxy_process: ProxyProcess, llama_server: LlamaServer
+                              ) -> None:
+        """tool_args_tokens equals /tokenize of the call's arguments; the call's tokens are
+        predicted_n when the turn ends with the call."""
+        kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q, **TOOL_ARGS}
+        result = _stream(_sdk(proxy_process.url), **kwargs)
+        record = proxy_process.record(result.request_id, within=15)
+        assert record["finish_reason"] == "tool_calls"
+        args = result.tool_calls[0]["arguments"]
+        tokens = _post_json(llama_server.url + "/tokenize",
+                            {"content": args, "add_special": False})["tokens"]
+        assert record["tool_args_tokens"] == len(tokens)
+        assert record["tool_args_tokens_source"] == "server"
+        assert record["tool_call_tokens"] == record["predicted_n"]
+        assert record["tool_decode_tok_s"] is not None and record["tool_decode_tok_s"] > 0
+
+
+class TestMetricsReal:
+    """A Prometheus scrape after real requests."""
+
+    def test_metrics_after_real_requests(self, proxy_process: ProxyProcess) -> None:
+        """The TTFT histogram counts every streamed request; llama-server's metrics are there."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(proxy_process.url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        counted = sum(s.value for s in families["gen_ai_server_time_to_first_token_seconds"].samples
+                      if s.name.endswith("_count"))
+        with_ttft = [r for r in proxy_process.records().values() if r["ttft_ms"] is not None]
+        assert counted == len(with_ttft) > 0
+        assert "llamacpp:prompt_tokens" in families
+        assert families["timing_proxy_upstream_metrics_up"].samples[0].value == 1

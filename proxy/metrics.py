@@ -1,0 +1,145 @@
+"""Prometheus metrics: a record sink that fills histograms and counters, and the text page.
+
+Uses ``prometheus_client`` (the Prometheus project's own library: exposition format, bucket
+bookkeeping and label handling are its job, not ours) with a private registry. Names follow
+the OpenTelemetry GenAI semantic conventions where one fits
+(``gen_ai_server_time_to_first_token_seconds``, ``gen_ai_server_request_duration_seconds``,
+``gen_ai_server_time_per_output_token_seconds``); the rest are ``timing_proxy_*``. Labels are
+``model`` and ``kind`` (plus ``outcome``/``status`` on the request counter): all bounded;
+models beyond :data:`MAX_MODELS` distinct names are reported as ``other``.
+Buckets reach 600 s: a cold prompt on a Jetson takes minutes, OpenTelemetry's 10 s ceiling
+is too low for edge boards.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from proxy.record import Record
+
+__all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics"]
+
+# no *_created series: they would double the page for no use here
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_MODELS = 16
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+           120.0, 300.0, 600.0)
+PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+             2.5)
+TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+LABELS = ("model", "kind")
+
+
+class Metrics:
+    """The proxy's own metrics, fed one record at a time."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r)
+
+        self.ttft = hist("gen_ai_server_time_to_first_token_seconds",
+                         "Wall clock from the request reaching the proxy to the first event "
+                         "carrying content, reasoning or tool-call text (ttft_ms).", SECONDS)
+        self.e2e = hist("gen_ai_server_request_duration_seconds",
+                        "Wall clock from the request reaching the proxy to the last byte "
+                        "forwarded (e2e_ms).", SECONDS)
+        self.tpot = hist("gen_ai_server_time_per_output_token_seconds",
+                         "llama-server's decode time per token after the first "
+                         "(decode_ms / (predicted_n - 1)).", PER_TOKEN)
+        self.prefill = hist("timing_proxy_prefill_seconds",
+                            "llama-server's prompt processing time (timings.prompt_ms).",
+                            SECONDS)
+        self.decode = hist("timing_proxy_decode_seconds",
+                           "llama-server's generation time (timings.predicted_ms).", SECONDS)
+        self.overhead = hist("timing_proxy_overhead_seconds",
+                             "ttft_ms - prefill_ms: queueing, templating, tokenisation and "
+                             "network, the gap between the two clocks (negative gaps count "
+                             "as 0).", SECONDS)
+        self.tool_call = hist("timing_proxy_tool_call_seconds",
+                              "Wall clock from the request to the last tool call's arguments "
+                              "being complete (tool_call_ms).", SECONDS)
+        self.schema_tokens = hist("timing_proxy_schema_tokens",
+                                  "Prompt tokens the tool schemas add (schema_tokens).", TOKENS)
+        self.prompt_tokens = hist("timing_proxy_prompt_tokens",
+                                  "Prompt tokens per request, cached ones included "
+                                  "(prompt_tokens).", TOKENS)
+        self.requests = Counter("timing_proxy_requests",
+                                "Requests by kind, outcome and HTTP status.",
+                                (*LABELS, "outcome", "status"), registry=r)
+        self.prompt_tokens_total = Counter("timing_proxy_prompt_tokens_by_cache",
+                                           "Prompt tokens, by whether the prompt cache "
+                                           "served them (cached=true) or they were prefilled.",
+                                           (*LABELS, "cached"), registry=r)
+        self.schema_seconds = Counter("timing_proxy_schema_prefill_seconds",
+                                      "Prefill time of the tool schemas: paid this request, or "
+                                      "saved by the prompt cache (estimate).",
+                                      ("model", "state"), registry=r)
+        self.prefilled_again = Counter("timing_proxy_schema_prefilled_again",
+                                       "Requests that prefilled a schema seen before (a "
+                                       "busted prompt cache).", ("model",), registry=r)
+        self.upstream_up = Gauge("timing_proxy_upstream_metrics_up",
+                                 "1 when llama-server's own /metrics were merged into this "
+                                 "page, 0 when it did not answer (start it with --metrics).",
+                                 registry=r)
+        self._models: set[str] = set()
+
+    def _model(self, name: str | None) -> str:
+        model = name or "unknown"
+        if model not in self._models:
+            if len(self._models) >= MAX_MODELS:
+                return "other"
+            self._models.add(model)
+        return model
+
+    def observe(self, record: Record, *_: object) -> None:
+        """Record sink: count one finished request."""
+        model = self._model(record.model)
+        labels = (model, str(record.kind))
+        self.requests.labels(*labels, str(record.outcome), str(record.status or 0)).inc()
+        for hist, value_ms in ((self.ttft, record.ttft_ms), (self.e2e, record.e2e_ms),
+                               (self.prefill, record.prefill_ms),
+                               (self.decode, record.decode_ms),
+                               (self.tool_call, record.tool_call_ms)):
+            if value_ms is not None:
+                hist.labels(*labels).observe(value_ms / 1000.0)
+        if record.overhead_ms is not None:
+            self.overhead.labels(*labels).observe(max(0.0, record.overhead_ms) / 1000.0)
+        if record.decode_ms is not None and record.predicted_n and record.predicted_n > 1:
+            self.tpot.labels(*labels).observe(record.decode_ms / (record.predicted_n - 1)
+                                              / 1000.0)
+        if record.prompt_tokens is not None and record.cache_n is not None:
+            self.prompt_tokens.labels(*labels).observe(record.prompt_tokens)
+            self.prompt_tokens_total.labels(*labels, "true").inc(record.cache_n)
+            self.prompt_tokens_total.labels(*labels, "false").inc(
+                record.prompt_tokens - record.cache_n)
+        if record.schema_tokens is not None:
+            self.schema_tokens.labels(*labels).observe(record.schema_tokens)
+        if record.schema_prefill_ms is not None:
+            self.schema_seconds.labels(model, "paid").inc(record.schema_prefill_ms / 1000.0)
+        if record.schema_saved_ms is not None:
+            self.schema_seconds.labels(model, "saved").inc(record.schema_saved_ms / 1000.0)
+        if record.schema_prefilled_again:
+            self.prefilled_again.labels(model).inc()
+
+    def render(self, upstream: bytes | None) -> bytes:
+        """The exposition text: ours, then llama-server's own metrics when it answered."""
+        self.upstream_up.set(1 if upstream is not None else 0)
+        page = generate_latest(self.registry)
+        if upstream:
+            page += b"# llama-server's own metrics (from its /metrics):\n" + upstream
+            if not upstream.endswith(b"\n"):
+                page += b"\n"
+        return page

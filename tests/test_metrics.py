@@ -1,0 +1,142 @@
+"""``/metrics``: Prometheus text with the proxy's histograms, llama-server's metrics merged in,
+and the bearer token on the reserved paths."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.fakes import FakeUpstream, SeenRequest, load_recording, replay
+
+LLAMA_METRICS = (
+    b"# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+    b"# TYPE llamacpp:prompt_tokens_total counter\n"
+    b"llamacpp:prompt_tokens_total 40\n"
+)
+
+
+def _routed(metrics: bytes | None) -> Any:
+    """A fake llama-server: /metrics answers ``metrics`` (501 when None), the rest replays."""
+    chat = replay(load_recording("chat_stream"))
+
+    async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
+        if request.path == "/metrics":
+            if metrics is None:
+                return web.json_response({"error": {"code": 501}}, status=501)
+            return web.Response(body=metrics, content_type="text/plain")
+        return await chat(request, seen)
+
+    return script
+
+
+async def _start(fake: Any, make_proxy: ProxyFactory, metrics: bytes | None,
+                 **sections: dict[str, object]) -> ProxyUnderTest:
+    upstream, server = fake
+    upstream.script = _routed(metrics)
+    return await make_proxy(str(server.make_url("")).rstrip("/"), **sections)
+
+
+async def _chat(proxy: ProxyUnderTest, n: int) -> None:
+    body = load_recording("chat_stream").request_body
+    for _ in range(n):
+        resp = await proxy.client.post("/v1/chat/completions", data=body)
+        await resp.read()
+    deadline = time.monotonic() + 5
+    while len(proxy.captured.records) < n:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+class TestMetricsPage:
+    """What a Prometheus scrape of the proxy reads."""
+
+    async def test_ttft_histogram_counts_each_request(self, fake: Any, make_proxy: ProxyFactory
+                                                       ) -> None:
+        """After three streamed chats the TTFT histogram has count 3 under model and kind."""
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS)
+        await _chat(proxy, 3)
+        resp = await proxy.client.get("/metrics")
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        fams = _families(await resp.text())
+        ttft = fams["gen_ai_server_time_to_first_token_seconds"]
+        counts = [s for s in ttft.samples if s.name.endswith("_count")]
+        assert len(counts) == 1
+        assert counts[0].value == 3
+        assert counts[0].labels == {"model": proxy.captured.last.model, "kind": "chat"}
+        infinity = [s for s in ttft.samples
+                    if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"]
+        assert infinity[0].value == 3
+        assert max(float(s.labels["le"]) for s in ttft.samples
+                   if s.name.endswith("_bucket") and s.labels["le"] != "+Inf") >= 300
+
+    async def test_request_counter_and_token_counters(self, fake: Any, make_proxy: ProxyFactory
+                                                      ) -> None:
+        """Requests are counted by kind, outcome and status; prompt tokens by cache state."""
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS)
+        await _chat(proxy, 2)
+        fams = _families(await (await proxy.client.get("/metrics")).text())
+        reqs = {tuple(sorted(s.labels.items())): s.value
+                for s in fams["timing_proxy_requests"].samples}
+        key = tuple(sorted({"model": proxy.captured.last.model, "kind": "chat",
+                            "outcome": "completed", "status": "200"}.items()))
+        assert reqs[key] == 2
+        tokens = {s.labels["cached"]: s.value
+                  for s in fams["timing_proxy_prompt_tokens_by_cache"].samples}
+        r = proxy.captured.last
+        assert r.prompt_tokens is not None and r.cache_n is not None
+        assert tokens["false"] == 2 * (r.prompt_tokens - r.cache_n)
+        assert tokens["true"] == 2 * r.cache_n
+
+    async def test_llama_server_metrics_are_merged(self, fake: Any, make_proxy: ProxyFactory
+                                                   ) -> None:
+        """llama-server's own families follow the proxy's, and the up gauge says so."""
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS)
+        fams = _families(await (await proxy.client.get("/metrics")).text())
+        assert fams["llamacpp:prompt_tokens"].samples[0].value == 40
+        assert fams["timing_proxy_upstream_metrics_up"].samples[0].value == 1
+
+    async def test_upstream_without_metrics(self, fake: Any, make_proxy: ProxyFactory) -> None:
+        """Without llama-server --metrics the page still answers, with the up gauge at 0."""
+        proxy = await _start(fake, make_proxy, None)
+        text = await (await proxy.client.get("/metrics")).text()
+        fams = _families(text)
+        assert fams["timing_proxy_upstream_metrics_up"].samples[0].value == 0
+        assert "llamacpp:" not in text
+
+
+class TestAccess:
+    """The bearer token guards /stats, /metrics and /dashboard, and only them."""
+
+    async def test_reserved_paths_need_the_token(self, fake: Any, make_proxy: ProxyFactory
+                                                 ) -> None:
+        """With auth_token set, the reserved paths answer 401 without it and 200 with it."""
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS, server={"auth_token": "s3cret"})
+        for path in ("/stats", "/metrics", "/dashboard"):
+            denied = await proxy.client.get(path)
+            assert denied.status == 401, path
+            assert (await denied.json())["error"]["code"] == "unauthorized"
+            wrong = await proxy.client.get(path, headers={"Authorization": "Bearer nope"})
+            assert wrong.status == 401, path
+            ok = await proxy.client.get(path, headers={"Authorization": "Bearer s3cret"})
+            assert ok.status == 200, path
+        page = await proxy.client.get("/dashboard?token=s3cret")
+        assert page.status == 200
+
+    async def test_relayed_paths_are_not_guarded(self, fake: Any, make_proxy: ProxyFactory
+                                                 ) -> None:
+        """The agent's requests pass without the proxy's token: llama-server checks its own."""
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS, server={"auth_token": "s3cret"})
+        upstream: FakeUpstream = fake[0]
+        await _chat(proxy, 1)
+        assert proxy.captured.last.status == 200
+        assert upstream.seen[-1].path_qs == "/v1/chat/completions"

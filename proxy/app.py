@@ -6,6 +6,8 @@ every other method and path goes to the relay.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +27,7 @@ from proxy.metrics import Metrics
 from proxy.record import Record
 from proxy.relay import Relay, RelaySettings, error_response
 from proxy.request import RequestFacts
+from proxy.roofline import Board, ModelMeta, record_roofline
 from proxy.stats import Stats
 from proxy.tracker import Observation
 
@@ -60,7 +63,11 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
 
 
 RESERVED = frozenset({"/stats", "/metrics", "/dashboard"})
-"""Paths the proxy answers itself; everything else is relayed."""
+"""Paths the proxy answers itself (and ``/stats/records/{id}``); everything else is relayed."""
+
+
+def _reserved(path: str) -> bool:
+    return path in RESERVED or path.startswith("/stats/")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -76,7 +83,7 @@ def auth_middleware(token: str | None) -> Any:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is None or request.path not in RESERVED:
+        if expected is None or not _reserved(request.path):
             return await handler(request)
         given = request.headers.get("Authorization")
         if given is None and request.path == "/dashboard":
@@ -109,7 +116,38 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
     sinks: list[RecordSink] = [count_record, metrics.observe, log_record]
     app[SINKS] = sinks
 
+    board = Board.from_config(config.board)
+    model_meta: list[ModelMeta | None] = [None]
+    last_meta_try = [float("-inf")]
+
+    def roofline(record: Record) -> Record:
+        meta = model_meta[0]
+        if meta is None:
+            now = time.monotonic()
+            if now - last_meta_try[0] > 30.0 and SESSION in app:
+                last_meta_try[0] = now
+                task = asyncio.get_running_loop().create_task(fetch_meta(app[SESSION]))
+                background.add(task)
+                task.add_done_callback(background.discard)
+            return record
+        fields = record_roofline(record, meta, board)
+        return dataclasses.replace(record, decode_gbs=fields["decode_gbs"],
+                                   roof_ratio=fields["roof_ratio"])
+
+    async def fetch_meta(session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.get(config.upstream.url + "/v1/models",
+                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status == 200:
+                    model_meta[0] = ModelMeta.from_models_json(orjson.loads(await resp.read()))
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            pass
+
+    background: set[asyncio.Task[None]] = set()
+
     def on_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
+        if record.decode_tok_s is not None:
+            record = roofline(record)
         for sink in sinks:
             try:
                 sink(record, facts, obs)
@@ -179,7 +217,14 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
         return web.Response(body=metrics.render(upstream),
                             headers={"Content-Type": METRICS_CONTENT_TYPE})
 
+    async def handle_record(request: web.Request) -> web.Response:
+        record = stats.find(request.match_info["id"])
+        if record is None:
+            return error_response(404, "no recent record with that id", "not_found")
+        return web.Response(body=orjson.dumps(record.to_dict()), content_type="application/json")
+
     app.router.add_get("/stats", handle_stats)
+    app.router.add_get("/stats/records/{id}", handle_record)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/dashboard", handle_dashboard)
     app.router.add_route("*", "/{tail:.*}", handle_relay)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from proxy import __version__
 from proxy.config import ConfigError, load_config, parse_listen
+from proxy.report import ReportError
 
 __all__ = ["main"]
 
@@ -25,6 +27,41 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:8081)")
     serve.add_argument("--upstream", help="llama-server base URL (default http://127.0.0.1:8080)")
     serve.add_argument("--log-file", help="also append the JSON log lines to this file")
+
+    report = sub.add_parser("report", help="summarise request logs (several files = runs)")
+    report.add_argument("logs", nargs="+", help="JSON-lines logs written by the proxy or bench")
+    report.add_argument("--json", action="store_true", help="print JSON (the /stats shape)")
+    report.add_argument("--kind", choices=("chat", "tool"), help="only this kind")
+    report.add_argument("--plot", metavar="FILE.png", help="draw the median calls' clocks")
+    report.add_argument("--config", help="config.toml whose [board] section to use")
+    report.add_argument("--board", help="board preset, e.g. jetson-orin-nano-8gb")
+    report.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth, GB/s")
+    report.add_argument("--peak-tflops", type=float, help="peak compute, TFLOP/s")
+    report.add_argument("--upstream", help="llama-server URL to read the model's size from")
+    report.add_argument("--model-bytes", type=int, help="model weights in bytes")
+    report.add_argument("--params", type=int, help="model parameters")
+
+    bench = sub.add_parser("bench", help="send a prompt set N times, one log per run")
+    bench.add_argument("--proxy", default="http://127.0.0.1:8081",
+                       help="the proxy to send through (default http://127.0.0.1:8081)")
+    bench.add_argument("--direct", metavar="UPSTREAM",
+                       help="send straight to this llama-server instead, for comparison")
+    bench.add_argument("--prompts", help="prompt set, TOML or JSON (default: the robot set)")
+    bench.add_argument("--runs", type=int, default=3, help="how many runs (default 3)")
+    bench.add_argument("--out", default="bench-logs", help="folder for the run logs")
+    bench.add_argument("--model", default="default", help="model name sent in requests")
+    bench.add_argument("--token", help="bearer token of the proxy's reserved paths")
+    bench.add_argument("--report", action="store_true", help="print the report afterwards")
+
+    demo = sub.add_parser("demo", help="provision llama-server + Gemma 3 270M, run everything")
+    demo.add_argument("--llama-server", help="your own llama-server binary")
+    demo.add_argument("--model", help="your own GGUF model")
+    demo.add_argument("--runs", type=int, default=1, help="bench runs (default 1)")
+    demo.add_argument("--port", type=int, default=8081, help="proxy port (default 8081)")
+    demo.add_argument("--llama-port", type=int, default=8080,
+                      help="llama-server port (default 8080)")
+    demo.add_argument("--out", default="demo-logs", help="folder for logs")
+    demo.add_argument("--no-wait", action="store_true", help="stop after the report")
     return parser
 
 
@@ -48,16 +85,72 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _board_and_meta(args: argparse.Namespace) -> tuple[Any, Any]:
+    from proxy.config import BoardConfig
+    from proxy.roofline import Board, ModelMeta
+
+    board_cfg = load_config(args.config).board if args.config else BoardConfig()
+    if args.board or args.bandwidth_gbs or args.peak_tflops:
+        board_cfg = load_config(None, {"board": {
+            "preset": args.board or board_cfg.preset,
+            "memory_bandwidth_gbs": args.bandwidth_gbs or board_cfg.memory_bandwidth_gbs,
+            "peak_tflops": args.peak_tflops or board_cfg.peak_tflops}}).board
+    board = Board.from_config(board_cfg)
+    meta = None
+    if args.model_bytes and args.params:
+        meta = ModelMeta(size_bytes=args.model_bytes, n_params=args.params, name=None)
+    elif args.upstream:
+        from proxy.report import fetch_model_meta
+
+        meta = fetch_model_meta(args.upstream)
+    return board, meta
+
+
+def _report(args: argparse.Namespace) -> int:
+    from proxy.report import run_report
+
+    board, meta = _board_and_meta(args)
+    print(run_report(args.logs, json_out=args.json, kind=args.kind, plot=args.plot,
+                     board=board, meta=meta))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from proxy.bench import load_prompts, run_bench
+
+    files = run_bench(args.direct or args.proxy, direct=bool(args.direct),
+                      prompts=load_prompts(args.prompts), runs=args.runs, out_dir=args.out,
+                      model=args.model, token=args.token)
+    for f in files:
+        print(f)
+    if args.report:
+        from proxy.report import run_report
+
+        print(run_report([str(f) for f in files], json_out=False, kind=None, plot=None,
+                         board=None, meta=None))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from proxy.demo import DemoOptions, run_demo
+
+    return run_demo(DemoOptions(llama_server=args.llama_server, model=args.model,
+                                runs=args.runs, listen_port=args.port,
+                                llama_port=args.llama_port, out_dir=args.out,
+                                wait=not args.no_wait))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``timing-proxy`` script and ``python -m proxy``."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
-    except ConfigError as exc:
+        command = {"serve": _serve, "report": _report, "bench": _bench, "demo": _demo}
+        return command[args.command](args)
+    except (ConfigError, ReportError) as exc:
         print(f"timing-proxy: {exc}", file=sys.stderr)
         return 2
-    return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

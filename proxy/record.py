@@ -147,6 +147,9 @@ class Record:
     schema_saved_ms: float | None = None
     schema_prefilled_again: bool | None = None
     accounting_error: str | None = None
+    # roofline (estimates: weights read once per decoded token)
+    decode_gbs: float | None = None
+    roof_ratio: float | None = None
     # stream facts
     finish_reason: str | None = None
     events: int | None = None

@@ -113,6 +113,13 @@ class Stats:
             self._cache_n += record.cache_n
             self._prompt_tokens += record.prompt_tokens
 
+    def find(self, record_id: str) -> Record | None:
+        """A recent record by id (``None`` once it has left the ``recent`` window)."""
+        for record in reversed(self._recent):
+            if record.id == record_id:
+                return record
+        return None
+
     def snapshot(self) -> dict[str, Any]:
         """The ``/stats`` document."""
         kinds: dict[str, Any] = {}

@@ -36,6 +36,7 @@ RECORD_FIELDS = [
     *("tool_args_tokens", "tool_args_tokens_source"),
     *("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source", "schema_cached"),
     *("schema_prefill_ms", "schema_saved_ms", "schema_prefilled_again", "accounting_error"),
+    *("decode_gbs", "roof_ratio"),
     *("finish_reason", "events", "token_events", "request_bytes", "response_bytes"),
 ]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -88,7 +88,6 @@ class _SchemaTotals:
     paid_ms: float = 0.0
     saved_ms: float = 0.0
     prefilled_again: int = 0
-    per_tool: dict[str, int] | None = None
 
 
 class Accounting:
@@ -109,6 +108,8 @@ class Accounting:
         self._session: aiohttp.ClientSession | None = None
         self._cache: OrderedDict[str, asyncio.Task[SchemaInfo]] = OrderedDict()
         self.schemas: dict[str, _SchemaTotals] = {}
+        self.per_tool: dict[str, dict[str, int]] = {}
+        self._background: set[asyncio.Future[None]] = set()
         self.prefilled_again = 0
         self.reference_ms_per_token: float | None = None
 
@@ -123,6 +124,8 @@ class Accounting:
         """Cancel look-ups in flight and close the session."""
         for task in self._cache.values():
             task.cancel()
+        for future in self._background:
+            future.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -157,7 +160,7 @@ class Accounting:
             tokens = await asyncio.to_thread(estimate_tokens, text)
             return SchemaInfo(name, len(tools), tokens, "estimate")
         layout = None
-        try:
+        try:  # the layout is a refinement: without it the count stands, positions unknown
             rendered = await asyncio.gather(self._post("/apply-template", counted),
                                             self._post("/apply-template", bare))
             a, b = str(rendered[0]["prompt"]), str(rendered[1]["prompt"])
@@ -165,13 +168,14 @@ class Accounting:
             start, end = await asyncio.gather(self._tokens(a[:start_c], True),
                                               self._tokens(a[:end_c], True))
             layout = SchemaLayout(start, end)
-        except _Unsupported:
+        except (_Unsupported, aiohttp.ClientError, TimeoutError, KeyError, ValueError):
             pass
         return SchemaInfo(name, len(tools), full - without, "server", layout)
 
     async def _per_tool(self, body: dict[str, Any], tools: list[Any], info: SchemaInfo
                         ) -> dict[str, int]:
-        counted = for_counting(body)
+        # tool_choice may name the tool left out: the counts do not depend on it
+        counted = {k: v for k, v in for_counting(body).items() if k != "tool_choice"}
         if len(tools) == 1:
             return {_tool_name(tools[0], 0): info.tokens}
         full = await self._input_tokens(counted)
@@ -213,11 +217,11 @@ class Accounting:
                 per_tool = await self._per_tool(body, tools, info)
             except Exception:
                 return
-            totals = self.schemas.get(info.hash)
-            if totals is not None:
-                totals.per_tool = per_tool
+            self.per_tool[info.hash] = per_tool
 
-        _ = _spawn(run())
+        task_ = asyncio.ensure_future(run())
+        self._background.add(task_)
+        task_.add_done_callback(self._background.discard)
 
     async def _args_tokens(self, obs: Observation) -> tuple[int, str]:
         texts = [c.arguments for c in obs.tool_calls]
@@ -245,7 +249,14 @@ class Accounting:
         errors: list[str] = []
         if pending.schema is not None:
             try:
-                info = await asyncio.wait_for(asyncio.shield(pending.schema), self._timeout)
+                # three look-up rounds in a row, each bounded by the session's timeout
+                info = await asyncio.wait_for(asyncio.shield(pending.schema),
+                                              3 * self._timeout)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                errors.append("schema: cancelled")
             except Exception as exc:
                 errors.append(f"schema: {type(exc).__name__}")
             else:
@@ -303,7 +314,7 @@ class Accounting:
                     "tokens": t.tokens, "tools": t.tools, "source": t.source, "calls": t.calls,
                     "cached": t.cached, "paid_ms": round(t.paid_ms, 3),
                     "saved_ms": round(t.saved_ms, 3), "prefilled_again": t.prefilled_again,
-                    "per_tool_tokens": t.per_tool,
+                    "per_tool_tokens": self.per_tool.get(h),
                 }
                 for h, t in self.schemas.items()
             },
@@ -314,14 +325,3 @@ def _tool_name(tool: Any, index: int) -> str:
     fn = tool.get("function") if isinstance(tool, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     return name if isinstance(name, str) else f"#{index}"
-
-
-_BACKGROUND: set[asyncio.Task[Any]] = set()
-
-
-def _spawn(coro: Awaitable[Any]) -> asyncio.Task[Any]:
-    """Run ``coro`` in the background, keeping a reference until it ends."""
-    task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
-    return task

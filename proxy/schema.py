@@ -5,7 +5,8 @@ Two hashes:
 * ``schema_hash`` names the tools themselves (canonical JSON of the ``tools`` array): what a
   user calls "my schema", the key of ``/stats`` ``schemas``.
 * the *render key* covers everything that changes how the template renders the tools and
-  where their block ends: ``tools``, ``tool_choice``, ``parallel_tool_calls``,
+  where their block ends: ``model`` (a router may serve several), ``tools``,
+  ``tool_choice``, ``parallel_tool_calls``,
   ``chat_template_kwargs`` and the leading system messages. Chat templates put the tools
   block in the system turn, before the first user message (Qwen 2.5/3, Hermes, Llama 3.x
   JSON tools, Gemma 4), so later messages do not move it. Look-up results are cached by
@@ -30,7 +31,7 @@ __all__ = [
     "strip_tools",
 ]
 
-_RENDER_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")
+_RENDER_KEYS = ("model", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")
 _NOT_FOR_COUNTING = ("stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls")
 
 

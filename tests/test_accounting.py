@@ -1,0 +1,771 @@
+"""Schema and tool-call accounting through the proxy, against a toy llama-server.
+
+The toy renders a Qwen3-like prompt (the tools block sits in the system turn, before the first
+user message) and counts one token per whitespace-separated word, plus one for BOS when
+``add_special`` is set. Every number the proxy reports is checked against the toy's own counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+from structlog.testing import capture_logs
+
+from proxy.accounting import estimate_tokens
+from proxy.app import ACCOUNTING
+from proxy.record import Kind, Record
+from proxy.schema import differing_region, schema_hash
+from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.fakes import DONE, SSE_HEADERS, chat_event, make_timings
+
+INPUT_TOKENS = "/v1/chat/completions/input_tokens"
+APPLY_TEMPLATE = "/apply-template"
+TOKENIZE = "/tokenize"
+LOOKUP_PATHS = (INPUT_TOKENS, APPLY_TEMPLATE, TOKENIZE)
+CHAT = "/v1/chat/completions"
+
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def tool(name: str, *params: str) -> dict[str, Any]:
+    """An OpenAI function tool taking string parameters ``params``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name.replace('_', ' ')} tool of the coding agent.",
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string", "description": f"The {p}."} for p in params},
+                "required": list(params),
+            },
+        },
+    }
+
+
+READ_FILE = tool("read_file", "path")
+WRITE_FILE = tool("write_file", "path", "text")
+RUN_SHELL = tool("run_shell", "command", "cwd", "timeout")
+SYSTEM = "You are a careful coding agent working in a git repository."
+
+
+def body_of(tools: list[Any], *, system: str | None = SYSTEM, user: str = "Show me /etc/hosts.",
+            **extra: Any) -> dict[str, Any]:
+    """A streamed chat request with ``tools``, an optional system prompt and a user message."""
+    messages: list[dict[str, Any]] = []
+    if system is not None:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": user})
+    body: dict[str, Any] = {"model": "qwen3", "messages": messages, "stream": True,
+                            "max_tokens": 64, **extra}
+    if tools:
+        body["tools"] = tools
+        body.setdefault("tool_choice", "auto")
+    return body
+
+
+# --------------------------------------------------------------------------------------------
+# The toy llama-server
+
+
+def render(body: dict[str, Any]) -> str:
+    """The toy chat template: Qwen3's shape, tools as JSON lines in the system turn."""
+    rest = list(body.get("messages") or [])
+    tools = body.get("tools") or []
+    out: list[str] = []
+    if tools:
+        system = ""
+        if rest and rest[0].get("role") in ("system", "developer"):
+            system = str(rest.pop(0).get("content")) + "\n\n"
+        block = "".join("\n" + json.dumps(t) for t in tools)
+        out.append(f"<|im_start|>system\n{system}{TOOLS_HEADER}{block}{TOOLS_FOOTER}<|im_end|>\n")
+    for m in rest:
+        out.append(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n")
+    if body.get("add_generation_prompt", True):
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def toy_tokens(text: str, add_special: bool) -> list[int]:
+    """One token per whitespace-separated word, after a BOS token when ``add_special``."""
+    return ([1] if add_special else []) + [len(w) + 2 for w in text.split()]
+
+
+def input_tokens(body: dict[str, Any]) -> int:
+    """What the toy's ``input_tokens`` endpoint answers for ``body``."""
+    return len(toy_tokens(render(body), True))
+
+
+def bare(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the tools and what goes with them."""
+    return {k: v for k, v in body.items() if k not in ("tools", "tool_choice",
+                                                        "parallel_tool_calls")}
+
+
+def expected_schema_tokens(body: dict[str, Any]) -> int:
+    """The toy's own input_tokens(with tools) - input_tokens(without)."""
+    return input_tokens(body) - input_tokens(bare(body))
+
+
+def expected_layout(body: dict[str, Any]) -> tuple[int, int]:
+    """Token positions ``[start, end)`` of the tools block in the toy's rendering."""
+    a, b = render(body), render(bare(body))
+    start, end = differing_region(a, b)
+    return len(toy_tokens(a[:start], True)), len(toy_tokens(a[:end], True))
+
+
+class ToyLlama:
+    """A fake llama-server with the look-up endpoints, a toy tokenizer and switches."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.calls: Counter[str] = Counter()
+        self.bodies: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.inflight = 0
+        #: answer every look-up with this status (404: an old server; 500: a failure)
+        self.lookup_status: int | None = None
+        #: seconds each look-up path sleeps before answering
+        self.delay_s: dict[str, float] = {}
+        #: seconds the chat answer waits before its headers
+        self.answer_delay_s = 0.0
+        self.timings = make_timings(prompt_n=200, prompt_ms=400.0, predicted_n=9,
+                                    predicted_ms=80.0, cache_n=0)
+        #: the tool calls of the answer: (name, argument fragments); none means a text answer
+        self.tool_calls: list[tuple[str, list[str]]] = []
+        #: the body bytes of every chat answer sent
+        self.sent: list[bytes] = []
+        self.app = web.Application()
+        for path in LOOKUP_PATHS:
+            self.app.router.add_post(path, self._lookup)
+        self.app.router.add_post(CHAT, self._chat)
+
+    def lookups(self) -> int:
+        """Look-up calls received so far, all paths together."""
+        return sum(self.calls[p] for p in LOOKUP_PATHS)
+
+    async def _lookup(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        path = request.path
+        self.calls[path] += 1
+        self.bodies[path].append(body)
+        self.inflight += 1
+        try:
+            if self.delay_s.get(path):
+                await asyncio.sleep(self.delay_s[path])
+        finally:
+            self.inflight -= 1
+        if self.lookup_status is not None:
+            err = {"error": {"code": self.lookup_status, "message": "toy says no",
+                             "type": "not_found_error" if self.lookup_status == 404
+                             else "server_error"}}
+            return web.Response(status=self.lookup_status, body=orjson.dumps(err),
+                                content_type="application/json")
+        payload: dict[str, Any]
+        if path == APPLY_TEMPLATE:
+            payload = {"prompt": render(body)}
+        elif path == INPUT_TOKENS:
+            payload = {"input_tokens": input_tokens(body), "object": "response.input_tokens"}
+        else:
+            payload = {"tokens": toy_tokens(str(body.get("content", "")),
+                                            bool(body.get("add_special", False)))}
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    def events(self) -> list[bytes]:
+        """The SSE events of the next answer."""
+        events = [chat_event({"role": "assistant", "content": None})]
+        finish = "stop"
+        if self.tool_calls:
+            finish = "tool_calls"
+            for i, (name, fragments) in enumerate(self.tool_calls):
+                events.append(chat_event({"tool_calls": [{
+                    "index": i, "id": f"call_{i}", "type": "function",
+                    "function": {"name": name, "arguments": ""}}]}))
+                for fragment in fragments:
+                    events.append(chat_event({"tool_calls": [{
+                        "index": i, "function": {"arguments": fragment}}]}))
+        else:
+            events.append(chat_event({"content": "Here it is."}))
+        events.append(chat_event({}, finish_reason=finish, timings=self.timings))
+        events.append(DONE)
+        return events
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.calls[request.path] += 1
+        events = self.events()
+        if self.answer_delay_s:
+            await asyncio.sleep(self.answer_delay_s)
+        resp = web.StreamResponse(status=200, headers=CIMultiDict(SSE_HEADERS))
+        await resp.prepare(request)
+        for event in events:
+            await resp.write(event)
+        await resp.write_eof()
+        self.sent.append(b"".join(events))
+        return resp
+
+
+@pytest.fixture
+async def toy(aiohttp_server: Any) -> ToyLlama:
+    """A started toy llama-server."""
+    server_app = ToyLlama()
+    server = await aiohttp_server(server_app.app)
+    server_app.url = str(server.make_url("")).rstrip("/")
+    return server_app
+
+
+async def start(make_proxy: ProxyFactory, toy: ToyLlama, **accounting: Any) -> ProxyUnderTest:
+    """The proxy in front of the toy, accounting on."""
+    return await make_proxy(toy.url, accounting={"enabled": True, **accounting})
+
+
+async def ask(proxy: ProxyUnderTest, body: dict[str, Any], path: str = CHAT
+              ) -> tuple[int, bytes, float]:
+    """POST ``body``; the status, the whole response body and the seconds until it was read."""
+    t0 = time.monotonic()
+    resp = await proxy.client.post(path, data=orjson.dumps(body),
+                                   headers={"Content-Type": "application/json"})
+    data = await resp.read()
+    return resp.status, data, time.monotonic() - t0
+
+
+async def wait_record(proxy: ProxyUnderTest, count: int = 1, within: float = 5.0) -> Record:
+    """The ``count``-th record, once the proxy has written it."""
+    deadline = time.monotonic() + within
+    while len(proxy.captured.records) < count:
+        assert time.monotonic() < deadline, f"only {len(proxy.captured.records)} records"
+        await asyncio.sleep(0.005)
+    return proxy.captured.records[count - 1]
+
+
+async def settle(toy: ToyLlama, quiet: float = 0.1, within: float = 5.0) -> None:
+    """Wait until no look-up has arrived or been in flight for ``quiet`` seconds."""
+    deadline = time.monotonic() + within
+    seen, since = toy.lookups(), time.monotonic()
+    while True:
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        if toy.lookups() != seen or toy.inflight:
+            seen, since = toy.lookups(), now
+        elif now - since >= quiet:
+            return
+        assert now < deadline, "the look-ups never settled"
+
+
+async def schemas(proxy: ProxyUnderTest) -> Any:
+    """The ``/stats`` ``schemas`` section."""
+    resp = await proxy.client.get("/stats")
+    assert resp.status == 200
+    return orjson.loads(await resp.read())["schemas"]
+
+
+async def wait_per_tool(proxy: ProxyUnderTest, h: str, within: float = 3.0
+                        ) -> dict[str, int] | None:
+    """``per_tool_tokens`` of schema ``h`` in ``/stats`` once known (None if never)."""
+    deadline = time.monotonic() + within
+    while True:
+        entry = (await schemas(proxy))["by_hash"].get(h)
+        if entry is not None and entry["per_tool_tokens"] is not None:
+            per_tool: dict[str, int] = entry["per_tool_tokens"]
+            return per_tool
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(0.02)
+
+
+def expected_per_tool(body: dict[str, Any]) -> dict[str, int]:
+    """Leave-one-out: the toy's count with every tool minus the count without that one."""
+    tools = body["tools"]
+    full = input_tokens(body)
+    return {
+        t["function"]["name"]: full - input_tokens({**body, "tools": tools[:i] + tools[i + 1:]})
+        for i, t in enumerate(tools)
+    }
+
+
+ARGS_FRAGMENTS = ['{"path": ', '"/etc/hosts", ', '"lines": "10"}']
+ARGS = "".join(ARGS_FRAGMENTS)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class TestToyServer:
+    def test_rendering_puts_tools_before_the_user(self) -> None:
+        """The toy renders the tools block inside the system turn, before the first user turn."""
+        text = render(body_of([READ_FILE]))
+        assert text.index("# Tools") < text.index("</tools>") < text.index("<|im_start|>user")
+        assert text.index(SYSTEM) < text.index("# Tools")
+        assert "# Tools" not in render(bare(body_of([READ_FILE])))
+
+    def test_schema_tokens_are_positive(self) -> None:
+        """The toy's schema cost grows with the tools."""
+        one = expected_schema_tokens(body_of([READ_FILE]))
+        two = expected_schema_tokens(body_of([READ_FILE, WRITE_FILE]))
+        assert 0 < one < two
+
+
+class TestServerCounts:
+    async def test_schema_tokens_from_the_server(self, toy: ToyLlama,
+                                                 make_proxy: ProxyFactory) -> None:
+        """schema_tokens is the server's input_tokens with tools minus without, source server."""
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE, RUN_SHELL])
+        status, _, _ = await ask(proxy, body)
+        record = await wait_record(proxy)
+        assert status == 200
+        assert record.kind is Kind.TOOL
+        assert record.accounting_error is None
+        assert record.schema_tokens == expected_schema_tokens(body)
+        assert record.schema_tokens_source == "server"
+        assert record.schema_hash == schema_hash(body["tools"])
+        assert record.schema_tools == 3
+
+    async def test_lookups_send_the_request_body(self, toy: ToyLlama,
+                                                 make_proxy: ProxyFactory) -> None:
+        """input_tokens gets the body without stream options, once with and once without tools."""
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE], stream_options={"include_usage": True},
+                       parallel_tool_calls=False)
+        await ask(proxy, body)
+        await wait_record(proxy)
+        await settle(toy)
+        sent = toy.bodies[INPUT_TOKENS][:2]
+        counted = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        assert sorted(sent, key=len) == [bare(counted), counted]
+        assert all(b["add_special"] is True for b in toy.bodies[TOKENIZE][:2])
+
+    async def test_per_tool_tokens_in_stats(self, toy: ToyLlama,
+                                            make_proxy: ProxyFactory) -> None:
+        """Leave-one-out counts per tool name appear in /stats schemas.by_hash[hash]."""
+        toy.delay_s[INPUT_TOKENS] = 0.05  # the record is written before the schema is known
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE, RUN_SHELL])
+        await ask(proxy, body)
+        record = await wait_record(proxy)
+        assert record.schema_hash is not None
+        assert await wait_per_tool(proxy, record.schema_hash) == expected_per_tool(body)
+
+    async def test_per_tool_tokens_when_lookups_beat_the_answer(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """Per-tool counts appear even when the look-ups end before the model's answer does."""
+        toy.answer_delay_s = 0.3  # a model is slower than three look-up round trips
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE])
+        await ask(proxy, body)
+        record = await wait_record(proxy)
+        await settle(toy)
+        assert toy.calls[INPUT_TOKENS] == 2 + 1 + 2  # schema, then full + leave-one-out
+        assert record.schema_hash is not None
+        assert await wait_per_tool(proxy, record.schema_hash, within=0.5) == \
+            expected_per_tool(body)
+
+    async def test_single_tool_per_tool_is_the_schema(self, toy: ToyLlama,
+                                                      make_proxy: ProxyFactory) -> None:
+        """With one tool its own cost is the schema's, and no extra look-up is made."""
+        proxy = await start(make_proxy, toy)
+        body = body_of([RUN_SHELL])
+        await ask(proxy, body)
+        record = await wait_record(proxy)
+        assert record.schema_hash is not None
+        assert await wait_per_tool(proxy, record.schema_hash, within=1.0) == {
+            "run_shell": expected_schema_tokens(body)}
+        await settle(toy)
+        assert toy.calls[INPUT_TOKENS] == 2
+
+    async def test_concurrent_requests_share_one_lookup(self, toy: ToyLlama,
+                                                        make_proxy: ProxyFactory) -> None:
+        """Requests with the same schema in flight together wait on the same look-ups."""
+        toy.delay_s[INPUT_TOKENS] = 0.1
+        proxy = await start(make_proxy, toy)
+        bodies = [body_of([READ_FILE], user=f"question {i}") for i in range(3)]
+        await asyncio.gather(*(ask(proxy, b) for b in bodies))
+        await wait_record(proxy, 3)
+        await settle(toy)
+        assert toy.calls[INPUT_TOKENS] == 2
+        assert {r.schema_tokens for r in proxy.captured.records} == {
+            expected_schema_tokens(bodies[0])}
+
+
+class TestLookupCache:
+    async def test_same_schema_is_not_looked_up_again(self, toy: ToyLlama,
+                                                      make_proxy: ProxyFactory) -> None:
+        """A second request with the same tools and system prompt makes no schema look-up."""
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        first = await wait_record(proxy)
+        await settle(toy)
+        before = dict(toy.calls)
+        await ask(proxy, body_of([READ_FILE], user="And /etc/resolv.conf?", max_tokens=512,
+                                 temperature=0.7))
+        second = await wait_record(proxy, 2)
+        await settle(toy)
+        assert dict(toy.calls) == {**before, CHAT: before[CHAT] + 1}
+        assert second.schema_tokens == first.schema_tokens
+        assert second.schema_hash == first.schema_hash
+        assert second.schema_tokens_source == "server"
+
+    async def test_changed_system_prompt_is_looked_up(self, toy: ToyLlama,
+                                                      make_proxy: ProxyFactory) -> None:
+        """A changed system prompt moves the tools block, so the schema is looked up again."""
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        first = await wait_record(proxy)
+        await settle(toy)
+        before = Counter(toy.calls)
+        body = body_of([READ_FILE], system="You are a terse assistant.")
+        await ask(proxy, body)
+        second = await wait_record(proxy, 2)
+        await settle(toy)
+        assert toy.calls[INPUT_TOKENS] == before[INPUT_TOKENS] + 2
+        assert toy.calls[APPLY_TEMPLATE] == before[APPLY_TEMPLATE] + 2
+        assert second.schema_hash == first.schema_hash
+        assert second.schema_tokens == expected_schema_tokens(body)
+
+    async def test_changed_tools_are_looked_up(self, toy: ToyLlama,
+                                               make_proxy: ProxyFactory) -> None:
+        """Different tools are a different schema: new look-ups, another hash."""
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        first = await wait_record(proxy)
+        await settle(toy)
+        body = body_of([READ_FILE, WRITE_FILE])
+        await ask(proxy, body)
+        second = await wait_record(proxy, 2)
+        assert second.schema_hash != first.schema_hash
+        assert second.schema_tokens == expected_schema_tokens(body)
+        assert set((await schemas(proxy))["by_hash"]) == {first.schema_hash, second.schema_hash}
+
+
+class TestSchemaCost:
+    async def test_cold_request_pays_every_schema_token(self, toy: ToyLlama,
+                                                         make_proxy: ProxyFactory) -> None:
+        """With nothing cached the schema costs schema_tokens * prompt_ms / prompt_n."""
+        toy.timings = make_timings(prompt_n=250, prompt_ms=500.0, cache_n=0)
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE])
+        await ask(proxy, body)
+        record = await wait_record(proxy)
+        tokens = expected_schema_tokens(body)
+        assert record.schema_cached is False
+        assert record.schema_prefill_ms == pytest.approx(tokens * 500.0 / 250)
+        assert record.schema_saved_ms == 0.0
+        assert record.schema_prefilled_again is False
+
+    async def test_warm_request_pays_nothing(self, toy: ToyLlama,
+                                             make_proxy: ProxyFactory) -> None:
+        """With the cache past the block the schema is cached, costs 0 ms and saves the
+        reference rate (from the cold request) per token."""
+        toy.timings = make_timings(prompt_n=250, prompt_ms=500.0, cache_n=0)
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE])
+        await ask(proxy, body)
+        await wait_record(proxy)
+        toy.timings = make_timings(prompt_n=6, prompt_ms=30.0, cache_n=5000)
+        await ask(proxy, body_of([READ_FILE, WRITE_FILE], user="And now?"))
+        warm = await wait_record(proxy, 2)
+        tokens = expected_schema_tokens(body)
+        assert warm.schema_cached is True
+        assert warm.schema_prefill_ms == 0.0
+        assert warm.schema_saved_ms == pytest.approx(tokens * 2.0)
+        assert warm.schema_prefilled_again is False
+        entry = (await schemas(proxy))["by_hash"][warm.schema_hash]
+        assert (entry["calls"], entry["cached"], entry["prefilled_again"]) == (2, 1, 0)
+        assert entry["paid_ms"] == pytest.approx(tokens * 2.0, abs=0.01)
+        assert entry["saved_ms"] == pytest.approx(tokens * 2.0, abs=0.01)
+
+    @pytest.mark.parametrize(("short_by", "cached"), [(0, True), (-3, True), (1, False),
+                                                      (10, False)])
+    async def test_cache_reach_at_the_block_end(self, toy: ToyLlama, make_proxy: ProxyFactory,
+                                                short_by: int, cached: bool) -> None:
+        """A cache reaching the block's end covers it; stopping n positions short pays n of
+        its span's positions, as a fraction of the schema tokens."""
+        body = body_of([READ_FILE, WRITE_FILE])
+        start_pos, end_pos = expected_layout(body)
+        toy.timings = make_timings(prompt_n=100, prompt_ms=300.0, cache_n=end_pos - short_by)
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body)
+        record = await wait_record(proxy)
+        tokens = expected_schema_tokens(body)
+        paid = tokens * max(0, short_by) / (end_pos - start_pos)
+        assert record.schema_cached is cached
+        assert record.schema_prefill_ms == pytest.approx(paid * 3.0, abs=0.002)
+
+
+class TestPrefilledAgain:
+    async def test_cold_again_is_flagged_counted_and_logged(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A known schema prefilled again (cache_n=0) sets the flag, counts in /stats and logs
+        a schema_prefilled_again event."""
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE])
+        with capture_logs() as logs:
+            await ask(proxy, body)
+            first = await wait_record(proxy)
+            await ask(proxy, body_of([READ_FILE, WRITE_FILE], user="Again, please."))
+            second = await wait_record(proxy, 2)
+        assert first.schema_prefilled_again is False
+        assert second.schema_prefilled_again is True
+        assert second.schema_cached is False
+        doc = await schemas(proxy)
+        assert doc["prefilled_again"] == 1
+        assert doc["by_hash"][second.schema_hash]["prefilled_again"] == 1
+        accounting = proxy.app[ACCOUNTING]
+        assert accounting is not None
+        assert accounting.prefilled_again == 1
+        events = [e for e in logs if e["event"] == "schema_prefilled_again"]
+        assert len(events) == 1
+        assert events[0]["id"] == second.id
+        assert events[0]["schema_hash"] == second.schema_hash
+        assert events[0]["schema_tokens"] == expected_schema_tokens(body)
+        assert events[0]["cache_n"] == 0
+
+    async def test_warm_repeat_is_not_flagged(self, toy: ToyLlama,
+                                              make_proxy: ProxyFactory) -> None:
+        """A known schema served from the cache is not prefilled again."""
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        await wait_record(proxy)
+        toy.timings = make_timings(prompt_n=6, prompt_ms=30.0, cache_n=5000)
+        await ask(proxy, body_of([READ_FILE], user="Again."))
+        second = await wait_record(proxy, 2)
+        assert second.schema_prefilled_again is False
+        assert (await schemas(proxy))["prefilled_again"] == 0
+
+
+class TestToolArgs:
+    async def test_args_tokens_from_the_server(self, toy: ToyLlama,
+                                               make_proxy: ProxyFactory) -> None:
+        """tool_args_tokens is /tokenize's count of the streamed arguments, source server, and
+        tool_call_tokens is predicted_n."""
+        toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
+        toy.timings = make_timings(prompt_n=200, prompt_ms=400.0, predicted_n=17,
+                                   predicted_ms=160.0)
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        record = await wait_record(proxy)
+        assert record.finish_reason == "tool_calls"
+        assert record.tool_calls == 1
+        assert record.tool_args_tokens == len(toy_tokens(ARGS, False)) == 4
+        assert record.tool_args_tokens_source == "server"
+        assert record.tool_call_tokens == record.predicted_n == 17
+        assert {"content": ARGS, "add_special": False, "parse_special": True} in \
+            toy.bodies[TOKENIZE]
+
+    async def test_args_of_several_calls_are_summed(self, toy: ToyLlama,
+                                                    make_proxy: ProxyFactory) -> None:
+        """Parallel calls' argument tokens add up."""
+        other = '{"command": "ls -la /tmp", "cwd": "/", "timeout": "5"}'
+        toy.tool_calls = [("read_file", ARGS_FRAGMENTS), ("run_shell", [other[:9], other[9:]])]
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE, RUN_SHELL]))
+        record = await wait_record(proxy)
+        assert record.tool_calls == 2
+        assert record.tool_args_tokens == len(toy_tokens(ARGS, False)) + len(
+            toy_tokens(other, False))
+
+    async def test_text_answer_has_no_args(self, toy: ToyLlama,
+                                           make_proxy: ProxyFactory) -> None:
+        """A tool request answered with text has no tool-call fields and tokenizes no args."""
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        record = await wait_record(proxy)
+        await settle(toy)
+        assert record.finish_reason == "stop"
+        assert record.tool_args_tokens is None
+        assert record.tool_args_tokens_source is None
+        assert record.tool_call_tokens is None
+        assert all(b["add_special"] for b in toy.bodies[TOKENIZE])
+
+
+class TestFallback:
+    @pytest.mark.parametrize("status", [404, 405, 501])
+    async def test_old_server_gives_estimates(self, toy: ToyLlama, make_proxy: ProxyFactory,
+                                              status: int) -> None:
+        """Without the endpoints, schema and argument tokens are tiktoken estimates."""
+        toy.lookup_status = status
+        toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE, WRITE_FILE])
+        status_code, _, _ = await ask(proxy, body)
+        record = await wait_record(proxy)
+        assert status_code == 200
+        assert record.accounting_error is None
+        assert record.schema_tokens_source == "estimate"
+        assert record.schema_tokens == estimate_tokens(orjson.dumps(body["tools"]).decode())
+        assert record.tool_args_tokens_source == "estimate"
+        assert record.tool_args_tokens == estimate_tokens(ARGS)
+        assert record.schema_cached is False  # cache_n=0: the whole estimate was paid
+        assert record.schema_prefill_ms == pytest.approx(record.schema_tokens * 2.0)
+        entry = (await schemas(proxy))["by_hash"][record.schema_hash]
+        assert entry["source"] == "estimate"
+        assert entry["per_tool_tokens"] is None
+
+    async def test_estimate_without_layout_is_unknown_when_cached(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """An estimate has no block position, so with part of the prompt cached its cost is
+        unknown."""
+        toy.lookup_status = 404
+        toy.timings = make_timings(prompt_n=10, prompt_ms=30.0, cache_n=120)
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        record = await wait_record(proxy)
+        assert record.schema_tokens_source == "estimate"
+        assert record.schema_cached is None
+        assert record.schema_prefill_ms is None
+        assert record.schema_saved_ms is None
+
+    async def test_estimate_is_reused(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
+        """An old server is not asked again for a schema it could not count."""
+        toy.lookup_status = 404
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE]))
+        await wait_record(proxy)
+        await settle(toy)
+        before = toy.lookups()
+        await ask(proxy, body_of([READ_FILE], user="Again."))
+        second = await wait_record(proxy, 2)
+        await settle(toy)
+        assert toy.lookups() == before
+        assert second.schema_tokens_source == "estimate"
+
+
+class TestFailure:
+    async def test_failed_lookups_leave_nulls_and_the_answer_intact(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A 500 from the look-ups leaves the schema fields null with the reason named, and the
+        agent gets the fake's bytes unchanged."""
+        toy.lookup_status = 500
+        toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
+        proxy = await start(make_proxy, toy)
+        status, data, _ = await ask(proxy, body_of([READ_FILE]))
+        record = await wait_record(proxy)
+        assert status == 200
+        assert data == toy.sent[0]
+        assert record.outcome == "completed"
+        for name in ("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source",
+                     "schema_cached", "schema_prefill_ms", "schema_saved_ms",
+                     "schema_prefilled_again", "tool_args_tokens", "tool_args_tokens_source"):
+            assert getattr(record, name) is None, name
+        assert record.accounting_error is not None
+        assert "schema: ClientResponseError" in record.accounting_error
+        assert "tool_args: ClientResponseError" in record.accounting_error
+        assert record.tool_call_tokens == record.predicted_n  # from the stream, not look-ups
+
+    async def test_failure_is_retried(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
+        """The next request with the same schema looks it up again, and then succeeds."""
+        toy.lookup_status = 500
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE])
+        await ask(proxy, body)
+        await wait_record(proxy)
+        await settle(toy)
+        before = toy.calls[INPUT_TOKENS]
+        toy.lookup_status = None
+        await ask(proxy, body)
+        second = await wait_record(proxy, 2)
+        assert toy.calls[INPUT_TOKENS] > before
+        assert second.accounting_error is None
+        assert second.schema_tokens == expected_schema_tokens(body)
+        assert second.schema_tokens_source == "server"
+
+    async def test_unreachable_lookups_do_not_lose_the_record(
+        self, make_proxy: ProxyFactory, unused_tcp_port: int
+    ) -> None:
+        """With the upstream down the agent gets a 502 and the record still arrives, with the
+        look-up failure named."""
+        proxy = await make_proxy(f"http://127.0.0.1:{unused_tcp_port}",
+                                 accounting={"enabled": True, "lookup_timeout_s": 2.0})
+        status, _, _ = await ask(proxy, body_of([READ_FILE]))
+        record = await wait_record(proxy)
+        assert status == 502
+        assert record.outcome == "upstream_unreachable"
+        assert record.schema_tokens is None
+        assert record.accounting_error is not None
+        assert record.accounting_error.startswith("schema: ")
+
+
+class TestHotPath:
+    async def test_slow_lookups_do_not_delay_the_answer(self, toy: ToyLlama,
+                                                        make_proxy: ProxyFactory) -> None:
+        """Look-ups taking 2 s leave the agent's response fast; the record follows, complete."""
+        toy.delay_s[INPUT_TOKENS] = 2.0
+        proxy = await start(make_proxy, toy, lookup_timeout_s=5.0)
+        body = body_of([READ_FILE])
+        status, data, elapsed = await ask(proxy, body)
+        assert status == 200
+        assert data == toy.sent[0]
+        assert elapsed < 1.0
+        assert proxy.captured.records == []  # the record waits for the look-ups
+        record = await wait_record(proxy, within=5.0)
+        assert record.accounting_error is None
+        assert record.schema_tokens == expected_schema_tokens(body)
+
+    async def test_lookup_timeout_names_the_failure(self, toy: ToyLlama,
+                                                    make_proxy: ProxyFactory) -> None:
+        """Look-ups slower than lookup_timeout_s give a record with a timeout error, in time."""
+        toy.delay_s[INPUT_TOKENS] = 2.0
+        proxy = await start(make_proxy, toy, lookup_timeout_s=0.3)
+        status, data, elapsed = await ask(proxy, body_of([READ_FILE]))
+        assert status == 200
+        assert data == toy.sent[0]
+        assert elapsed < 1.0
+        t0 = time.monotonic()
+        record = await wait_record(proxy, within=1.5)
+        assert time.monotonic() - t0 < 1.5
+        assert record.schema_tokens is None
+        assert record.accounting_error == "schema: TimeoutError"
+
+
+class TestNoTools:
+    @pytest.mark.parametrize(
+        "body",
+        [
+            pytest.param(body_of([]), id="no-tools"),
+            pytest.param({**body_of([]), "tools": []}, id="empty-tools"),
+        ],
+    )
+    async def test_chat_makes_no_lookups(self, toy: ToyLlama, make_proxy: ProxyFactory,
+                                         body: dict[str, Any]) -> None:
+        """A chat request without tools triggers no look-up and no schema fields."""
+        proxy = await start(make_proxy, toy)
+        status, _, _ = await ask(proxy, body)
+        record = await wait_record(proxy)
+        await asyncio.sleep(0.1)
+        assert status == 200
+        assert record.kind is Kind.CHAT
+        assert toy.lookups() == 0
+        assert record.schema_tokens is None
+        assert record.accounting_error is None
+        assert (await schemas(proxy)) == {"prefilled_again": 0, "by_hash": {}}
+
+    async def test_accounting_off_makes_no_lookups(self, toy: ToyLlama,
+                                                   make_proxy: ProxyFactory) -> None:
+        """With accounting off a tool request is relayed with no look-up and /stats says null."""
+        proxy = await make_proxy(toy.url)
+        await ask(proxy, body_of([READ_FILE]))
+        record = await wait_record(proxy)
+        await asyncio.sleep(0.1)
+        assert record.kind is Kind.TOOL
+        assert record.schema_tokens is None
+        assert toy.lookups() == 0
+        assert await schemas(proxy) is None

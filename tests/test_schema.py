@@ -1,0 +1,390 @@
+"""Tests for proxy.schema: hashes, render keys, counting bodies, the tools region and its cost."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.schema import (
+    SchemaCost,
+    SchemaLayout,
+    differing_region,
+    for_counting,
+    render_key,
+    schema_cost,
+    schema_hash,
+    strip_tools,
+)
+
+READ_FILE: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a text file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}},
+            "required": ["path"],
+        },
+    },
+}
+WRITE_FILE: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a text file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["path", "text"],
+        },
+    },
+}
+SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
+USER = {"role": "user", "content": "Show me /etc/hosts."}
+
+BODY: dict[str, Any] = {
+    "model": "qwen3",
+    "messages": [SYSTEM, USER],
+    "tools": [READ_FILE, WRITE_FILE],
+    "tool_choice": "auto",
+    "max_tokens": 256,
+    "temperature": 0.2,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+
+
+def reversed_keys(obj: Any) -> Any:
+    """``obj`` with the insertion order of every object's keys reversed, recursively."""
+    if isinstance(obj, dict):
+        return {k: reversed_keys(obj[k]) for k in reversed(list(obj))}
+    if isinstance(obj, list):
+        return [reversed_keys(v) for v in obj]
+    return obj
+
+
+def with_(**changes: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A body transformation setting top-level keys."""
+    return lambda body: {**body, **changes}
+
+
+def without(*keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A body transformation removing top-level keys."""
+    return lambda body: {k: v for k, v in body.items() if k not in keys}
+
+
+def messages(*msgs: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A body transformation replacing the messages."""
+    return lambda body: {**body, "messages": list(msgs)}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class TestSchemaHash:
+    def test_stable_under_key_reordering(self) -> None:
+        """The order of keys inside the tool objects does not change the hash."""
+        tools = [READ_FILE, WRITE_FILE]
+        assert schema_hash(reversed_keys(tools)) == schema_hash(tools)
+
+    def test_deterministic(self) -> None:
+        """Equal tools arrays built separately give the same hash."""
+        assert schema_hash(copy.deepcopy([READ_FILE])) == schema_hash([READ_FILE])
+
+    @pytest.mark.parametrize(
+        "other",
+        [
+            pytest.param([WRITE_FILE, READ_FILE], id="reordered"),
+            pytest.param([READ_FILE], id="tool-removed"),
+            pytest.param([READ_FILE, WRITE_FILE, READ_FILE], id="tool-added"),
+            pytest.param(
+                [{**READ_FILE, "function": {**READ_FILE["function"], "description": "Read."}},
+                 WRITE_FILE],
+                id="description-changed",
+            ),
+            pytest.param(
+                [{**READ_FILE, "function": {**READ_FILE["function"], "name": "cat"}},
+                 WRITE_FILE],
+                id="name-changed",
+            ),
+        ],
+    )
+    def test_changes_with_the_tools(self, other: list[Any]) -> None:
+        """Changing, adding, removing or reordering tools changes the hash (order renders)."""
+        assert schema_hash(other) != schema_hash([READ_FILE, WRITE_FILE])
+
+    @pytest.mark.parametrize("tools", [[READ_FILE], [READ_FILE, WRITE_FILE], [], [{"x": 1}]])
+    def test_short_hex(self, tools: list[Any]) -> None:
+        """The hash is 12 lowercase hex digits."""
+        h = schema_hash(tools)
+        assert len(h) == 12
+        assert all(c in "0123456789abcdef" for c in h)
+
+
+class TestRenderKey:
+    @pytest.mark.parametrize(
+        "change",
+        [
+            pytest.param(with_(tools=[READ_FILE]), id="tools"),
+            pytest.param(with_(tools=[WRITE_FILE, READ_FILE]), id="tools-order"),
+            pytest.param(with_(tool_choice="required"), id="tool_choice"),
+            pytest.param(without("tool_choice"), id="tool_choice-removed"),
+            pytest.param(with_(parallel_tool_calls=True), id="parallel_tool_calls"),
+            pytest.param(with_(chat_template_kwargs={"enable_thinking": False}),
+                         id="chat_template_kwargs"),
+            pytest.param(messages({**SYSTEM, "content": "Be brief."}, USER), id="system-text"),
+            pytest.param(messages(USER), id="system-removed"),
+            pytest.param(messages({"role": "developer", "content": "Be brief."}, SYSTEM, USER),
+                         id="developer-added"),
+            pytest.param(messages(SYSTEM, {"role": "system", "content": "Also: be brief."}, USER),
+                         id="second-leading-system"),
+            pytest.param(with_(model="another-model"), id="model"),
+        ],
+    )
+    def test_changes_with_what_renders_the_tools(
+        self, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        """The model, tools, tool_choice, parallel_tool_calls, template kwargs and leading
+        system or developer messages change the key."""
+        assert render_key(change(BODY)) != render_key(BODY)
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            pytest.param(messages(SYSTEM, {**USER, "content": "Show me /etc/passwd."}),
+                         id="user-text"),
+            pytest.param(
+                messages(SYSTEM, USER, {"role": "assistant", "content": "Sure."},
+                         {"role": "user", "content": "Thanks."}),
+                id="later-messages",
+            ),
+            pytest.param(messages(SYSTEM, USER, {"role": "system", "content": "Late note."}),
+                         id="system-after-user"),
+            pytest.param(with_(max_tokens=8), id="max_tokens"),
+            pytest.param(with_(temperature=1.0), id="temperature"),
+            pytest.param(with_(stream=False), id="stream"),
+            pytest.param(without("stream_options"), id="stream_options"),
+            pytest.param(reversed_keys, id="key-order"),
+        ],
+    )
+    def test_ignores_what_comes_after_the_tools(
+        self, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        """User and later messages, sampling options and the stream flag leave the key alone."""
+        assert render_key(change(BODY)) == render_key(BODY)
+
+    def test_no_messages(self) -> None:
+        """A body without a messages list still has a key, and it follows the tools."""
+        bare = without("messages")(BODY)
+        assert render_key(bare) == render_key(with_(messages="not a list")(BODY))
+        assert render_key(bare) != render_key(with_(tools=[READ_FILE])(bare))
+
+
+class TestCountingBodies:
+    @pytest.mark.parametrize(
+        ("func", "removed"),
+        [
+            (for_counting, {"stream", "stream_options"}),
+            (strip_tools,
+             {"stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls"}),
+        ],
+    )
+    def test_removed_keys(self, func: Callable[[dict[str, Any]], dict[str, Any]],
+                          removed: set[str]) -> None:
+        """Exactly the listed keys are removed; every other key is kept with its value."""
+        body = {**BODY, "parallel_tool_calls": False,
+                "chat_template_kwargs": {"enable_thinking": False}, "response_format": None}
+        out = func(body)
+        assert set(body) - set(out) == removed
+        assert out == {k: v for k, v in body.items() if k not in removed}
+
+    @pytest.mark.parametrize("func", [for_counting, strip_tools])
+    def test_input_not_mutated(self, func: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """The body passed in is left unchanged."""
+        body = copy.deepcopy(BODY)
+        func(body)
+        assert body == BODY
+
+    @pytest.mark.parametrize("func", [for_counting, strip_tools])
+    def test_absent_keys(self, func: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """A body without any of those keys comes back equal."""
+        body = {"messages": [USER], "max_tokens": 4}
+        assert func(body) == body
+
+
+# --------------------------------------------------------------------------------------------
+# The tools region: Qwen3's template, rendered by hand
+
+QWEN_TOOLS_BLOCK = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    '{"type": "function", "function": {"name": "read_file", "description": "Read a text file.", '
+    '"parameters": {"type": "object", "properties": {"path": {"type": "string"}}, '
+    '"required": ["path"]}}}\n</tools>\n\n'
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+QWEN_HEAD = "<|im_start|>system\nYou are a careful coding agent."
+QWEN_TAIL = (
+    "<|im_end|>\n<|im_start|>user\nShow me /etc/hosts.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+class TestDifferingRegion:
+    @pytest.mark.parametrize(
+        ("prefix", "insert", "suffix"),
+        [
+            pytest.param("abc", "XYZ", "def", id="middle"),
+            pytest.param("", "XYZ", "abc", id="start"),
+            pytest.param("abc", "XYZ", "", id="end"),
+            pytest.param("", "XYZ", "", id="only-insert"),
+            pytest.param("<s>sys", "\n# Tools\n{...}", "<e>\nuser", id="template-like"),
+        ],
+    )
+    def test_insertion(self, prefix: str, insert: str, suffix: str) -> None:
+        """An unambiguous insertion is found exactly: start after the prefix, end after it."""
+        with_tools = prefix + insert + suffix
+        assert differing_region(with_tools, prefix + suffix) == (
+            len(prefix), len(prefix) + len(insert))
+
+    @pytest.mark.parametrize("text", ["", "a", "<|im_start|>user\nhi<|im_end|>"])
+    def test_identical(self, text: str) -> None:
+        """Identical renderings give an empty region (start == end)."""
+        start, end = differing_region(text, text)
+        assert start == end
+        assert text[start:end] == ""
+
+    def test_qwen3_region_is_the_tools_block(self) -> None:
+        """For a Qwen3 system+user rendering the region is exactly the inserted tools block."""
+        with_tools = QWEN_HEAD + QWEN_TOOLS_BLOCK + QWEN_TAIL
+        bare = QWEN_HEAD + QWEN_TAIL
+        start, end = differing_region(with_tools, bare)
+        assert with_tools[start:end] == QWEN_TOOLS_BLOCK
+
+    def test_qwen3_without_system_message(self) -> None:
+        """Without a system message the region holds the whole system turn the tools add."""
+        turn = "<|im_start|>system\n" + QWEN_TOOLS_BLOCK.removeprefix("\n\n") + "<|im_end|>\n"
+        user = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        with_tools, bare = turn + user, user
+        start, end = differing_region(with_tools, bare)
+        assert with_tools[:start] + with_tools[end:] == bare
+        assert end - start == len(turn)
+        assert "# Tools" in with_tools[start:end]
+        assert "</tools>" in with_tools[start:end]
+
+    @given(
+        prefix=st.text(max_size=30),
+        insert=st.text(max_size=30),
+        suffix=st.text(max_size=30),
+    )
+    def test_property_any_text(self, prefix: str, insert: str, suffix: str) -> None:
+        """Cutting the region out of the longer text always gives the shorter one back."""
+        with_tools, bare = prefix + insert + suffix, prefix + suffix
+        start, end = differing_region(with_tools, bare)
+        assert 0 <= start <= end <= len(with_tools)
+        assert with_tools[:start] + with_tools[end:] == bare
+        assert end - start == len(with_tools) - len(bare)
+
+    @given(
+        prefix=st.text(alphabet="ab\n", max_size=12),
+        insert=st.text(alphabet="ab\n", max_size=12),
+        suffix=st.text(alphabet="ab\n", max_size=12),
+    )
+    def test_property_repetitive_text(self, prefix: str, insert: str, suffix: str) -> None:
+        """The same holds for texts made of few characters, where the boundary is ambiguous."""
+        with_tools, bare = prefix + insert + suffix, prefix + suffix
+        start, end = differing_region(with_tools, bare)
+        assert with_tools[:start] + with_tools[end:] == bare
+        assert end - start == len(with_tools) - len(bare)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost
+
+LAYOUT = SchemaLayout(10, 113)  # 103 token positions
+TOKENS = 103
+PROMPT_N, PREFILL_MS = 125, 800.0  # 6.4 ms per token
+RATE = PREFILL_MS / PROMPT_N
+
+
+class TestSchemaCost:
+    def test_seed_numbers(self) -> None:
+        """103 uncached schema tokens at 6.4 ms per token cost 659.2 ms."""
+        cost = schema_cost(TOKENS, LAYOUT, 0, PROMPT_N, PREFILL_MS)
+        assert RATE == 6.4
+        assert cost == SchemaCost(cached=False, prefilled_tokens=103.0, prefill_ms=659.2,
+                                  saved_ms=0.0)
+
+    @pytest.mark.parametrize(
+        ("layout", "cache_n", "ref", "expected"),
+        [
+            pytest.param(LAYOUT, 0, None, SchemaCost(False, 103.0, 659.2, 0.0),
+                         id="nothing-cached"),
+            pytest.param(LAYOUT, 5, 5.0, SchemaCost(False, 103.0, 659.2, 0.0),
+                         id="cache-before-block"),
+            pytest.param(LAYOUT, 10, 5.0, SchemaCost(False, 103.0, 659.2, 0.0),
+                         id="cache-up-to-block-start"),
+            pytest.param(LAYOUT, 113, 5.0, SchemaCost(True, 0.0, 0.0, 515.0),
+                         id="cache-exactly-to-block-end"),
+            pytest.param(LAYOUT, 4000, 5.0, SchemaCost(True, 0.0, 0.0, 515.0),
+                         id="cache-beyond-block"),
+            pytest.param(LAYOUT, 113, None, SchemaCost(True, 0.0, 0.0, None),
+                         id="cached-no-reference"),
+            # 51 of 103 positions cached: 52 prefilled at 6.4 ms, 51 saved at 5 ms
+            pytest.param(LAYOUT, 61, 5.0, SchemaCost(False, 52.0, 332.8, 255.0),
+                         id="partial"),
+            pytest.param(LAYOUT, 61, None, SchemaCost(False, 52.0, 332.8, None),
+                         id="partial-no-reference"),
+            pytest.param(None, 0, None, SchemaCost(False, 103.0, 659.2, 0.0),
+                         id="no-layout-nothing-cached"),
+            pytest.param(None, 1, 5.0, SchemaCost(None, None, None, None),
+                         id="no-layout-something-cached"),
+        ],
+    )
+    def test_table(self, layout: SchemaLayout | None, cache_n: int, ref: float | None,
+                   expected: SchemaCost) -> None:
+        """The uncovered part of the block is paid at prefill_ms/prompt_n, the covered part is
+        saved at the reference rate (unknown without one, 0 when nothing was saved)."""
+        assert schema_cost(TOKENS, layout, cache_n, PROMPT_N, PREFILL_MS, ref) == expected
+
+    def test_partial_scales_tokens_not_positions(self) -> None:
+        """When the block spans more positions than schema tokens, the uncovered fraction of
+        the schema tokens is paid."""
+        cost = schema_cost(100, SchemaLayout(0, 200), 150, 100, 200.0, 1.0)
+        assert cost == SchemaCost(False, 25.0, 50.0, 75.0)
+
+    @pytest.mark.parametrize(
+        ("cache_n", "prompt_n", "prefill_ms"),
+        [
+            pytest.param(None, PROMPT_N, PREFILL_MS, id="cache_n-unknown"),
+            pytest.param(0, None, PREFILL_MS, id="prompt_n-unknown"),
+            pytest.param(0, PROMPT_N, None, id="prefill_ms-unknown"),
+            pytest.param(0, 0, PREFILL_MS, id="prompt_n-zero"),
+        ],
+    )
+    @pytest.mark.parametrize("layout", [LAYOUT, None])
+    def test_unknown_inputs(self, layout: SchemaLayout | None, cache_n: int | None,
+                            prompt_n: int | None, prefill_ms: float | None) -> None:
+        """Without the cache reach or the request's prefill rate every field is unknown."""
+        assert schema_cost(TOKENS, layout, cache_n, prompt_n, prefill_ms, 5.0) == SchemaCost(
+            None, None, None, None)
+
+    def test_zero_prefill_time(self) -> None:
+        """A measured prefill of 0 ms is a known rate of 0, not an unknown one."""
+        cost = schema_cost(TOKENS, LAYOUT, 0, PROMPT_N, 0.0)
+        assert cost.prefill_ms == 0.0
+        assert cost.prefilled_tokens == 103.0
+
+    def test_rounding(self) -> None:
+        """Milliseconds and token fractions are rounded to three decimals."""
+        cost = schema_cost(10, SchemaLayout(0, 3), 1, 3, 10.0, 1.0 / 3.0)
+        assert cost.prefilled_tokens == 6.667
+        assert cost.prefill_ms == 22.222
+        assert cost.saved_ms == 1.111

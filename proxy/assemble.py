@@ -88,6 +88,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_call_valid=tool_calls_valid(o.tool_calls, facts.tool_names),
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
         tool_call_tokens=tool_tokens,
+        tool_args_chars=sum(len(c.arguments) for c in o.tool_calls) if o.tool_calls else None,
         tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span
         else None,
         finish_reason=o.finish_reason,

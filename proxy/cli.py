@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth, GB/s")
     report.add_argument("--peak-tflops", type=float, help="peak compute, TFLOP/s")
     report.add_argument("--upstream", help="llama-server URL to read the model's size from")
-    report.add_argument("--model-bytes", type=int, help="model weights in bytes")
+    report.add_argument("--model-size", type=int, help="model weights in bytes")
     report.add_argument("--params", type=int, help="model parameters")
 
     bench = sub.add_parser("bench", help="send a prompt set N times, one log per run")
@@ -97,8 +97,8 @@ def _board_and_meta(args: argparse.Namespace) -> tuple[Any, Any]:
             "peak_tflops": args.peak_tflops or board_cfg.peak_tflops}}).board
     board = Board.from_config(board_cfg)
     meta = None
-    if args.model_bytes and args.params:
-        meta = ModelMeta(size_bytes=args.model_bytes, n_params=args.params, name=None)
+    if args.model_size and args.params:
+        meta = ModelMeta(size_bytes=args.model_size, n_params=args.params, name=None)
     elif args.upstream:
         from proxy.report import fetch_model_meta
 
@@ -111,7 +111,7 @@ def _report(args: argparse.Namespace) -> int:
 
     board, meta = _board_and_meta(args)
     print(run_report(args.logs, json_out=args.json, kind=args.kind, plot=args.plot,
-                     board=board, meta=meta))
+                     board=board, meta=meta), end="")
     return 0
 
 

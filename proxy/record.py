@@ -136,6 +136,7 @@ class Record:
     tool_call_tokens: int | None = None
     tool_decode_tok_s: float | None = None
     tool_args_tokens: int | None = None
+    tool_args_chars: int | None = None
     tool_args_tokens_source: str | None = None
     # tool schemas
     schema_hash: str | None = None

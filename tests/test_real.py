@@ -280,7 +280,7 @@ class TestSchemaAccounting:
         """A new schema is charged on the cold request and free on an identical repeat."""
         tools = _nonce_tools(str(time.time_ns()))
         kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q,
-                                  **{**TOOL_ARGS, "tools": tools, "max_tokens": 8}}
+                                  **TOOL_ARGS, "tools": tools, "max_tokens": 8}
         client = _sdk(proxy_process.url)
         cold = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
         warm = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
@@ -306,7 +306,7 @@ class TestSchemaAccounting:
         """The same schema prefilled again (cache_prompt false) is flagged and counted."""
         tools = _nonce_tools(str(time.time_ns()))
         kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q,
-                                  **{**TOOL_ARGS, "tools": tools, "max_tokens": 4}}
+                                  **TOOL_ARGS, "tools": tools, "max_tokens": 4}
         client = _sdk(proxy_process.url)
         first = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
         busted = {**kwargs, "extra_body": {**kwargs["extra_body"], "cache_prompt": False}}

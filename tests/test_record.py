@@ -33,7 +33,7 @@ RECORD_FIELDS = [
     *("prefill_tok_s", "decode_tok_s"),
     *("prompt_tokens", "cache_hit_ratio", "overhead_ms", "prefill_share"),
     *("tool_calls", "tool_call_valid", "tool_call_ms", "tool_call_tokens", "tool_decode_tok_s"),
-    *("tool_args_tokens", "tool_args_tokens_source"),
+    *("tool_args_tokens", "tool_args_chars", "tool_args_tokens_source"),
     *("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source", "schema_cached"),
     *("schema_prefill_ms", "schema_saved_ms", "schema_prefilled_again", "accounting_error"),
     *("decode_gbs", "roof_ratio"),

@@ -1,0 +1,442 @@
+"""Tests for proxy.report (reading logs, the report document, the text table) and proxy.plot."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.config import BoardConfig
+from proxy.record import Kind, Outcome, Record
+from proxy.report import (
+    ReportError,
+    Run,
+    build_report,
+    fetch_model_meta,
+    load_runs,
+    median_record,
+    render_text,
+    run_report,
+)
+from proxy.roofline import Board, ModelMeta
+from proxy.stats import SUMMARY_FIELDS, Stats
+
+SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
+SEED_RUN_MEDIANS = [2070.0, 2061.0, 2066.0]  # ms, the seed's three reruns
+SEED_META = ModelMeta(2_450_000_000, 4_000_000_000, "qwen3-4b")
+ORIN = Board.from_config(BoardConfig(preset="jetson-orin-nano-8gb"))
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def rec(
+    i: int = 0, kind: Kind = Kind.TOOL, outcome: Outcome = Outcome.COMPLETED, **fields: Any
+) -> Record:
+    """A record with id ``r-i`` and the given fields."""
+    return Record(id=f"r-{i}", ts="2026-10-04T10:00:00Z", method="POST",
+                  path="/v1/chat/completions", model="qwen3-4b", kind=kind, outcome=outcome,
+                  **fields)
+
+
+def tool_call(i: int, total: float, **fields: Any) -> Record:
+    """A completed tool call of ``total`` ms: TTFT 820, prefill 796, 10 tokens."""
+    base: dict[str, Any] = {
+        "ttft_ms": 820.0, "prefill_ms": 796.0, "overhead_ms": 24.0, "decode_ms": total - 820.0,
+        "e2e_ms": total, "tool_call_ms": total, "predicted_n": 10, "decode_tok_s": 6.0,
+        "tool_calls": 1, "tool_call_valid": True, "tool_call_tokens": 10, "prompt_n": 420,
+        "cache_n": 0, "prompt_tokens": 420,
+    }
+    base.update(fields)
+    return rec(i, Kind.TOOL, **base)
+
+
+def log_line(record: Record) -> bytes:
+    """The proxy's log line for a record: the record's fields flat at the top level."""
+    return orjson.dumps({"event": "request_completed", "level": "info",
+                         "timestamp": "2026-10-04T10:00:00Z", **record.to_dict()})
+
+
+def write_log(path: Path, records: Sequence[Record], extra: Sequence[bytes] = ()) -> str:
+    """Write a JSON-lines log of ``records`` (plus ``extra`` raw lines) and return its path."""
+    data = b"\n".join([*map(log_line, records), *extra]) + b"\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return str(path)
+
+
+def seed_run(tmp_path: Path, name: str, median: float) -> str:
+    """A run of five tool calls whose median total is ``median`` (the seed's spread around it)."""
+    shift = median - 2061.0
+    records = [tool_call(i, t + shift) for i, t in enumerate(SEED_TOOL_TOTALS)]
+    return write_log(tmp_path / name, records)
+
+
+@pytest.fixture(name="three_runs")
+def _three_runs(tmp_path: Path) -> list[str]:
+    return [seed_run(tmp_path, f"run{i + 1}.jsonl", m) for i, m in enumerate(SEED_RUN_MEDIANS)]
+
+
+class TestLoadRuns:
+    def test_records_read_back(self, tmp_path: Path) -> None:
+        """Each request_completed line becomes the same Record again."""
+        records = [tool_call(i, t) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        (run,) = load_runs([write_log(tmp_path / "a.jsonl", records)])
+        assert run.name == "a.jsonl"
+        assert run.records == records
+        assert run.skipped == {}
+
+    def test_junk_skipped_and_counted(self, tmp_path: Path) -> None:
+        """Non-JSON lines, other events and invalid records are skipped and counted by reason."""
+        extra = [
+            b"not json at all",
+            b'{"event":"request_completed","id":"x"',  # cut off mid-write
+            b"[1, 2]",
+            b'{"event":"proxy_started","listen":"127.0.0.1:8081"}',
+            b'{"event":"schema_prefilled_again","id":"r-1"}',
+            b'{"event":"request_completed","id":"x"}',  # no ts/method/path
+            b'{"event":"request_completed","id":"x","ts":"t","method":"POST","path":"/",'
+            b'"kind":"robot"}',
+            b"",
+        ]
+        path = write_log(tmp_path / "a.jsonl", [tool_call(0, 2061.0)], extra)
+        (run,) = load_runs([path])
+        assert len(run.records) == 1
+        assert run.skipped == {"not_json": 3, "other_event": 2, "bad_record": 2}
+        assert run.skipped_total == 7
+
+    def test_gzip(self, tmp_path: Path) -> None:
+        """A .gz log is decompressed."""
+        path = write_log(tmp_path / "a.jsonl.gz", [tool_call(0, 2061.0)])
+        (run,) = load_runs([path])
+        assert [r.e2e_ms for r in run.records] == [2061.0]
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        """A missing file is a ReportError naming it."""
+        with pytest.raises(ReportError, match=r"nope\.jsonl"):
+            load_runs([str(tmp_path / "nope.jsonl")])
+
+    def test_same_base_names_keep_paths(self, tmp_path: Path) -> None:
+        """Runs with the same file name in different folders are named by their paths."""
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        paths = [write_log(tmp_path / d / "log.jsonl", [tool_call(0, 1.0)]) for d in "ab"]
+        assert [run.name for run in load_runs(paths)] == paths
+
+
+class TestBuildReport:
+    def test_seed_median(self, tmp_path: Path) -> None:
+        """The seed's five tool totals 3172/1813/2061/1432/4071 ms give the median 2061 ms."""
+        runs = load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)])
+        tool = build_report(runs)["kinds"]["tool"]
+        assert tool["e2e_ms"]["p50"] == 2061.0
+        assert tool["tool_call_ms"]["p50"] == 2061.0
+        assert tool["median_call"]["id"] == "r-2"
+
+    def test_spread_between_runs(self, three_runs: list[str]) -> None:
+        """Three runs with medians 2070/2061/2066 ms have a spread of 9 ms (0.44 %)."""
+        report = build_report(load_runs(three_runs))
+        per_run = report["per_run"]["tool"]
+        assert [row["e2e_ms"] for row in per_run["runs"]] == SEED_RUN_MEDIANS
+        assert [row["count"] for row in per_run["runs"]] == [5, 5, 5]
+        spread = per_run["spread"]["e2e_ms"]
+        assert spread == {"min": 2061.0, "max": 2070.0, "ms": 9.0, "pct": 0.44}
+        assert per_run["spread"]["ttft_ms"]["ms"] == 0.0
+        assert report["kinds"]["tool"]["count"] == 15
+
+    def test_one_run_no_spread(self, tmp_path: Path) -> None:
+        """A single run has its medians but no spread."""
+        report = build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)]))
+        assert report["per_run"]["tool"]["spread"]["e2e_ms"] is None
+
+    def test_split(self, tmp_path: Path) -> None:
+        """The median call's 796 ms prefill and 1,265 ms decode split 39 / 61 percent."""
+        records = [tool_call(i, t, decode_ms=t - 796.0) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        assert report["kinds"]["tool"]["split"] == {
+            "prefill_ms": 796.0, "decode_ms": 1265.0, "prefill_pct": 38.6, "decode_pct": 61.4,
+        }
+        assert "prefill 796 ms (39 %) + decode 1,265 ms (61 %)" in render_text(report)
+
+    def test_valid_k_of_n(self, tmp_path: Path) -> None:
+        """Valid tool calls are k of the n completed tool requests; no call is not valid."""
+        records = [
+            tool_call(0, 2000.0),
+            tool_call(1, 2000.0),
+            tool_call(2, 2000.0, tool_call_valid=False),
+            tool_call(3, 2000.0, tool_call_valid=None, tool_calls=0),
+            tool_call(4, 2000.0, outcome=Outcome.CLIENT_CLOSED),
+        ]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        valid = report["kinds"]["tool"]["tool_calls_valid"]
+        assert valid == {"valid": 2, "of": 4, "invalid": 1, "no_call": 1}
+        assert "2 of 4 (1 invalid, 1 no call)" in render_text(report)
+
+    def test_only_completed_in_percentiles(self, tmp_path: Path) -> None:
+        """Requests that did not complete are counted by outcome, not in the percentiles."""
+        records = [
+            *(tool_call(i, t) for i, t in enumerate(SEED_TOOL_TOTALS)),
+            tool_call(9, 99_999.0, outcome=Outcome.UPSTREAM_TIMEOUT),
+        ]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        tool = report["kinds"]["tool"]
+        assert tool["count"] == 6 and tool["window"] == 5
+        assert tool["outcomes"] == {"completed": 5, "upstream_timeout": 1}
+        assert tool["e2e_ms"]["p99"] < 99_999.0
+        assert "completed requests only" in render_text(report)
+
+    def test_schema_and_cache(self, tmp_path: Path) -> None:
+        """Schema tokens, paid/saved ms and the cache hit ratio (sum cache_n / sum prompt)."""
+        common = {"schema_tokens": 103, "schema_tokens_source": "server"}
+        records = [
+            tool_call(0, 2000.0, schema_prefill_ms=658.0, schema_saved_ms=0.0,
+                      schema_cached=False, cache_n=0, prompt_tokens=420, **common),
+            tool_call(1, 1400.0, schema_prefill_ms=0.0, schema_saved_ms=658.0,
+                      schema_cached=True, cache_n=300, prompt_tokens=420, **common),
+            tool_call(2, 1400.0, schema_prefill_ms=0.0, schema_saved_ms=658.0,
+                      schema_cached=True, cache_n=300, prompt_tokens=420, **common),
+        ]
+        tool = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))["kinds"]["tool"]
+        assert tool["schema"]["tokens"]["p50"] == 103
+        assert tool["schema"]["source"] == {"server": 3}
+        assert tool["schema"]["paid_ms"] == {"total": 658.0, "p50": 0.0}
+        assert tool["schema"]["saved_ms"] == {"total": 1316.0, "p50": 658.0}
+        assert (tool["schema"]["cached"], tool["schema"]["priced"]) == (2, 3)
+        assert tool["cache"] == {"cache_n": 600, "prompt_tokens": 1260, "hit_ratio": 0.47619}
+        assert tool["tool_call_tokens"]["p50"] == 10
+
+    def test_kinds_shape_of_stats(self, tmp_path: Path) -> None:
+        """The kinds have /stats's keys and, for the same completed records, its numbers."""
+        records = [
+            *(tool_call(i, t) for i, t in enumerate(SEED_TOOL_TOTALS)),
+            rec(10, Kind.CHAT, ttft_ms=186.0, prefill_ms=162.0, decode_ms=2300.0, e2e_ms=2500.0),
+            rec(11, Kind.OTHER, e2e_ms=5.0),
+        ]
+        stats = Stats(since="s")
+        for r in records:
+            stats.add(r)
+        expected = stats.snapshot()["kinds"]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        assert set(report["kinds"]) == set(expected) == {"chat", "tool"}
+        for kind, summary in expected.items():
+            got = report["kinds"][kind]
+            assert set(summary) <= set(got)
+            for key in ("count", "window", "split", *SUMMARY_FIELDS):
+                assert got[key] == summary[key], (kind, key)
+
+    def test_kind_filter(self, tmp_path: Path) -> None:
+        """--kind tool keeps only the tool summary; a bad kind is a ReportError."""
+        records = [tool_call(0, 2061.0), rec(1, Kind.CHAT, e2e_ms=100.0)]
+        runs = load_runs([write_log(tmp_path / "a.jsonl", records)])
+        report = build_report(runs, kind="tool")
+        assert list(report["kinds"]) == ["tool"] and list(report["per_run"]) == ["tool"]
+        assert report["requests"] == 1
+        assert list(build_report(runs, kind="chat")["kinds"]) == ["chat"]
+        with pytest.raises(ReportError, match="--kind"):
+            build_report(runs, kind="other")
+
+    def test_empty(self) -> None:
+        """No records: both kinds with count 0 and no roofline numbers."""
+        report = build_report([Run("empty", [])])
+        assert report["kinds"]["tool"]["count"] == 0
+        assert report["kinds"]["chat"]["median_call"] is None
+        assert "no completed requests" in render_text(report)
+
+    def test_roofline_section(self, tmp_path: Path) -> None:
+        """With model and board, the roofline has the per-kind GB/s and the labelled lines."""
+        records = [tool_call(i, t, decode_tok_s=10.7) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        runs = load_runs([write_log(tmp_path / "a.jsonl", records)])
+        roof = build_report(runs, meta=SEED_META, board=ORIN)["roofline"]
+        assert roof["kinds"]["tool"]["decode_gbs"] == pytest.approx(26.2, abs=0.05)
+        assert roof["kinds"]["tool"]["tool_call_bytes"] == pytest.approx(24.5e9)
+        assert roof["floor_ms_per_token"] == pytest.approx(36.0, abs=0.05)
+        assert any("(est.)" in line for line in roof["lines"])
+
+
+class TestMedianRecord:
+    def test_odd(self) -> None:
+        """With five records the median call is the third by e2e."""
+        records = [tool_call(i, t) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        assert median_record(records) == records[2]
+
+    def test_even_lower(self) -> None:
+        """With an even count the lower of the two middle records is taken."""
+        records = [tool_call(i, t) for i, t in enumerate([4.0, 1.0, 3.0, 2.0])]
+        assert (median_record(records) or records[0]).e2e_ms == 2.0
+
+    def test_none(self) -> None:
+        """No record with the field: None."""
+        assert median_record([rec(0)]) is None
+
+
+class TestRenderText:
+    def test_several_runs(self, three_runs: list[str]) -> None:
+        """Several runs print a per-run table and the seed's spread line with separators."""
+        text = render_text(build_report(load_runs(three_runs)))
+        assert "3 runs, 15 requests" in text
+        assert "tool per run" in text
+        for name in ("run1.jsonl", "run2.jsonl", "run3.jsonl"):
+            assert name in text
+        assert "2,070 / 2,061 / 2,066 ms" in text
+        assert "max - min = 9 ms, 0.4 % of the median run" in text
+
+    def test_one_run_no_per_run_table(self, tmp_path: Path) -> None:
+        """One run prints no per-run table."""
+        text = render_text(build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)])))
+        assert "per run" not in text
+        assert "2,061" in text
+
+    def test_fixed_width_rows(self, tmp_path: Path) -> None:
+        """The percentile rows are aligned: each number ends in the same column."""
+        text = render_text(build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)])))
+        rows = [line for line in text.splitlines() if line.startswith("  ") and " ms " in line
+                and line.rstrip()[-1].isdigit() and "split" not in line]
+        assert len({len(row.rstrip()) for row in rows}) == 1
+
+    def test_roofline_hint(self, tmp_path: Path) -> None:
+        """Without model and board the text says how to give them."""
+        text = render_text(build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)])))
+        assert "--board PRESET" in text and "--upstream URL" in text
+        assert "--model-size BYTES --params N" in text
+
+    def test_roofline_lines(self, tmp_path: Path) -> None:
+        """With model and board the seed's roofline lines are printed and no hint."""
+        records = [tool_call(i, t, decode_tok_s=10.7) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        runs = load_runs([write_log(tmp_path / "a.jsonl", records)])
+        text = render_text(build_report(runs, meta=SEED_META, board=ORIN))
+        assert "36.0 ms per token = 27.8 tok/s (est.)" in text
+        assert "26.2 GB/s moved (est.)" in text
+        assert "--board PRESET" not in text
+
+    def test_skipped_lines_reported(self, tmp_path: Path) -> None:
+        """The header says how many lines were skipped and why."""
+        path = write_log(tmp_path / "a.jsonl", [tool_call(0, 1.0)], [b"junk"])
+        assert "1 line skipped (1 not json)" in render_text(build_report(load_runs([path])))
+
+
+class TestRunReport:
+    def test_json_output(self, three_runs: list[str]) -> None:
+        """--json prints the report document, parseable, with the /stats kinds keys."""
+        out = run_report(three_runs, json_out=True, kind=None, plot=None, board=None, meta=None)
+        doc = json.loads(out)
+        assert doc["kinds"]["tool"]["e2e_ms"]["p50"] == 2066.0
+        assert {"count", "window", "split", *SUMMARY_FIELDS} <= set(doc["kinds"]["tool"])
+        assert doc["per_run"]["tool"]["spread"]["e2e_ms"]["ms"] == 9.0
+
+    def test_text_output(self, three_runs: list[str]) -> None:
+        """Without --json the text table is returned."""
+        out = run_report(three_runs, json_out=False, kind="tool", plot=None, board=ORIN,
+                         meta=SEED_META)
+        assert out.startswith("timing-proxy report: 3 runs")
+        assert "(kind tool)" in out
+
+    def test_no_paths(self) -> None:
+        """No log file is a ReportError."""
+        with pytest.raises(ReportError):
+            run_report([], json_out=False, kind=None, plot=None, board=None, meta=None)
+
+    @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
+    def test_plot_writes_png(self, three_runs: list[str], tmp_path: Path) -> None:
+        """--plot draws the clock of the median calls to a PNG."""
+        png = tmp_path / "clock.png"
+        out = run_report(three_runs, json_out=False, kind=None, plot=str(png), board=None,
+                         meta=None)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(png) in out
+
+    @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
+    def test_plot_from_records(self, tmp_path: Path) -> None:
+        """plot_clock also takes records, and draws chat and tool calls."""
+        from proxy.plot import plot_clock
+
+        records = [
+            *(tool_call(i, t, tool_call_ms=t - 30) for i, t in enumerate(SEED_TOOL_TOTALS)),
+            rec(9, Kind.CHAT, ttft_ms=186.0, prefill_ms=162.0, decode_ms=2300.0, e2e_ms=2500.0,
+                predicted_n=25, decode_tok_s=10.4),
+        ]
+        png = tmp_path / "clock.png"
+        plot_clock(records, str(png))
+        assert png.stat().st_size > 10_000
+
+    @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
+    def test_plot_nothing(self, tmp_path: Path) -> None:
+        """With no completed call there is nothing to draw: a ReportError."""
+        from proxy.plot import plot_clock
+
+        with pytest.raises(ReportError, match="nothing to plot"):
+            plot_clock([], str(tmp_path / "x.png"))
+
+    def test_plot_without_matplotlib(
+        self, three_runs: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without matplotlib, --plot fails with the pip command for the plot extra."""
+        monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+        with pytest.raises(ReportError, match=r"timing-proxy\[plot\]"):
+            run_report(three_runs, json_out=False, kind=None, plot=str(tmp_path / "x.png"),
+                       board=None, meta=None)
+
+
+class _Models(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(name="models_server")
+def _models_server() -> Iterator[tuple[str, type[_Models]]]:
+    handler = type("Handler", (_Models,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class TestFetchModelMeta:
+    def test_reads_meta(self, models_server: tuple[str, type[_Models]]) -> None:
+        """The upstream's /v1/models meta gives the model's size and parameter count."""
+        url, handler = models_server
+        handler.body = orjson.dumps(
+            {"data": [{"id": "m.gguf", "meta": {"size": 2_450_000_000, "n_params": 4_000_000_000}}]}
+        )
+        meta = fetch_model_meta(url + "/")
+        assert meta is not None and (meta.size_bytes, meta.name) == (2_450_000_000, "m.gguf")
+
+    def test_no_meta(self, models_server: tuple[str, type[_Models]]) -> None:
+        """A /v1/models answer without meta gives None."""
+        url, handler = models_server
+        handler.body = b'{"data": [{"id": "m"}]}'
+        assert fetch_model_meta(url) is None
+
+    def test_not_json(self, models_server: tuple[str, type[_Models]]) -> None:
+        """An answer that is not JSON is a ReportError."""
+        url, handler = models_server
+        handler.body = b"<html>"
+        with pytest.raises(ReportError, match="not JSON"):
+            fetch_model_meta(url)
+
+    def test_unreachable(self) -> None:
+        """An upstream that does not answer is a ReportError naming the URL."""
+        with pytest.raises(ReportError, match="/v1/models"):
+            fetch_model_meta("http://127.0.0.1:9", timeout_s=2.0)

@@ -1,0 +1,267 @@
+"""Tests for proxy.roofline: the arithmetic against the seed's own figures, and the lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.config import BOARD_PRESETS, BoardConfig
+from proxy.record import Kind, Record
+from proxy.roofline import (
+    Board,
+    Medians,
+    ModelMeta,
+    decode_gbs,
+    decode_intensity,
+    floor_ms_per_token,
+    prefill_intensity,
+    record_roofline,
+    ridge,
+    roof_ratio,
+    roofline_lines,
+    roofline_summary,
+    traffic_per_json_char,
+    traffic_per_tool_call,
+)
+
+# The seed: a 4 B model at 4.9 bit/weight on a Jetson Orin Nano 8 GB (68 GB/s), fp32 peak
+# 1.25 TFLOP/s, chat decode 10.7 tok/s, a 10-token tool call of about 40 characters of JSON.
+N_PARAMS = 4_000_000_000
+WEIGHTS = int(N_PARAMS * 4.9 / 8)  # 2.45 GB
+SEED_META = ModelMeta(WEIGHTS, N_PARAMS, "qwen3-4b")
+SEED_BOARD = Board(bandwidth_gbs=68.0, peak_tflops=1.25)
+
+
+def models_json(**meta: Any) -> dict[str, Any]:
+    """A llama-server /v1/models answer with the given meta."""
+    return {
+        "object": "list",
+        "models": [{"name": "m", "model": "m"}],
+        "data": [{"id": "qwen3-4b.gguf", "object": "model", "owned_by": "llamacpp",
+                  "meta": {"vocab_type": 2, "n_vocab": 151936, "n_ctx": 4096, **meta}}],
+    }
+
+
+class TestSeedFigures:
+    def test_weights(self) -> None:
+        """4 B params at 4.9 bit/weight are 2.45 GB, 0.61 B per weight."""
+        assert WEIGHTS == 2_450_000_000
+        assert SEED_META.bits_per_weight == pytest.approx(4.9)
+        assert SEED_META.bytes_per_weight == pytest.approx(0.6125)
+
+    def test_decode_gbs(self) -> None:
+        """2.45 GB at 10.7 tok/s is 26 GB/s moved (26.2 exactly)."""
+        assert decode_gbs(WEIGHTS, 10.7) == pytest.approx(26.2, abs=0.05)
+        assert round(decode_gbs(WEIGHTS, 10.7) or 0) == 26
+
+    def test_chat_ms_per_token(self) -> None:
+        """1 / 10.7 tok/s is 93.5 ms per token, and 2.45 GB / 93.5 ms is 26 GB/s."""
+        per_token = 1000 / 10.7
+        assert per_token == pytest.approx(93.5, abs=0.05)
+        assert WEIGHTS / (per_token / 1000) / 1e9 == pytest.approx(26.2, abs=0.05)
+
+    def test_floor(self) -> None:
+        """The floor at 68 GB/s is 36 ms per token, which is 28 tok/s (27.8)."""
+        floor = floor_ms_per_token(WEIGHTS, 68.0)
+        assert floor == pytest.approx(36.0, abs=0.05)
+        assert 1000 / (floor or 1) == pytest.approx(27.8, abs=0.05)
+
+    def test_roof_ratio(self) -> None:
+        """93.5 ms per token over the 36 ms floor: the board runs at 2.6x the floor."""
+        ratio = roof_ratio(93.5, floor_ms_per_token(WEIGHTS, 68.0))
+        assert ratio == pytest.approx(2.6, abs=0.05)
+
+    def test_ridge(self) -> None:
+        """fp32 peak 1.25 TFLOP/s over 68 GB/s is a ridge of 18 FLOP per byte (18.4)."""
+        assert ridge(1.25, 68.0) == pytest.approx(18.4, abs=0.05)
+
+    def test_prefill_intensity_seed_rounding(self) -> None:
+        """100 tokens x 2 FLOP / 0.6 B per weight is the seed's 333 FLOP per byte."""
+        assert prefill_intensity(N_PARAMS, 100, N_PARAMS * 0.6) == pytest.approx(333.3, abs=0.05)
+
+    def test_prefill_intensity_exact(self) -> None:
+        """With the unrounded 0.6125 B per weight, 100 tokens give 327 FLOP per byte."""
+        assert prefill_intensity(N_PARAMS, 100, WEIGHTS) == pytest.approx(326.5, abs=0.05)
+
+    def test_decode_intensity(self) -> None:
+        """One token: 2 FLOP / 0.6 B per weight = 3.3 FLOP per byte, far under the ridge."""
+        assert decode_intensity(N_PARAMS, WEIGHTS) == pytest.approx(3.3, abs=0.05)
+        assert decode_intensity(N_PARAMS, WEIGHTS) < (ridge(1.25, 68.0) or 0)
+
+    def test_tool_call_traffic(self) -> None:
+        """A tool call of 10 tokens reads 10 x 2.45 GB = 24.5 GB of DRAM."""
+        assert traffic_per_tool_call(WEIGHTS, 10) == pytest.approx(24.5e9)
+
+    def test_traffic_per_json_char(self) -> None:
+        """24.5 GB for about forty characters of JSON is 0.61 GB per character."""
+        assert traffic_per_json_char(WEIGHTS, 10, 40) == pytest.approx(0.6125e9)
+
+
+class TestUnknowns:
+    @pytest.mark.parametrize("rate", [None, 0.0, -1.0])
+    def test_decode_gbs_unknown(self, rate: float | None) -> None:
+        """An unknown or non-positive decode rate gives None, not 0."""
+        assert decode_gbs(WEIGHTS, rate) is None
+
+    @pytest.mark.parametrize("bandwidth", [None, 0.0])
+    def test_floor_unknown(self, bandwidth: float | None) -> None:
+        """Without a bandwidth there is no floor."""
+        assert floor_ms_per_token(WEIGHTS, bandwidth) is None
+
+    def test_ratio_and_ridge_unknown(self) -> None:
+        """roof_ratio and ridge are None when an input is unknown."""
+        assert roof_ratio(None, 36.0) is None
+        assert roof_ratio(93.5, None) is None
+        assert ridge(None, 68.0) is None
+        assert ridge(1.25, None) is None
+
+    def test_json_chars_unknown(self) -> None:
+        """Traffic per JSON character is None when the length is unknown."""
+        assert traffic_per_json_char(WEIGHTS, 10, None) is None
+        assert traffic_per_json_char(WEIGHTS, 10, 0) is None
+
+
+class TestModelMeta:
+    def test_from_models_json(self) -> None:
+        """size, n_params and the id are read from data[0] of /v1/models."""
+        meta = ModelMeta.from_models_json(models_json(size=WEIGHTS, n_params=N_PARAMS))
+        assert meta is not None
+        assert (meta.size_bytes, meta.n_params, meta.name) == (WEIGHTS, N_PARAMS, "qwen3-4b.gguf")
+        assert "/v1/models" in meta.source
+
+    @pytest.mark.parametrize(
+        "obj",
+        [
+            None,
+            [],
+            {},
+            {"data": []},
+            {"data": [{"id": "m"}]},
+            models_json(size=WEIGHTS),
+            models_json(n_params=N_PARAMS),
+            models_json(size=0, n_params=N_PARAMS),
+            models_json(size=True, n_params=N_PARAMS),
+            models_json(size="2450000000", n_params=N_PARAMS),
+        ],
+    )
+    def test_absent(self, obj: Any) -> None:
+        """A response without a positive integer size and n_params gives None."""
+        assert ModelMeta.from_models_json(obj) is None
+
+
+class TestBoard:
+    def test_preset_filled(self) -> None:
+        """A preset alone gives the preset's bandwidth and peak (Orin Nano 8 GB: 68 GB/s)."""
+        board = Board.from_config(BoardConfig(preset="jetson-orin-nano-8gb"))
+        assert board.bandwidth_gbs == 68.0
+        assert board.peak_tflops == BOARD_PRESETS["jetson-orin-nano-8gb"][1]
+        assert board.name == "jetson-orin-nano-8gb"
+
+    def test_explicit_wins(self) -> None:
+        """Explicit values win over the preset's."""
+        board = Board.from_config(
+            BoardConfig(preset="jetson-orin-nano-8gb", memory_bandwidth_gbs=60.0, peak_tflops=1.25)
+        )
+        assert (board.bandwidth_gbs, board.peak_tflops) == (60.0, 1.25)
+
+    def test_zero_is_unknown(self) -> None:
+        """0 in the config (the default) is unknown: None."""
+        board = Board.from_config(BoardConfig())
+        assert (board.bandwidth_gbs, board.peak_tflops, board.known) == (None, None, False)
+
+    def test_cpu_board_peak_unknown(self) -> None:
+        """A preset without a peak figure (Raspberry Pi 5) keeps the peak unknown."""
+        board = Board.from_config(BoardConfig(preset="raspberry-pi-5"))
+        assert board.bandwidth_gbs == pytest.approx(17.068)
+        assert board.peak_tflops is None
+
+
+def rec(**fields: Any) -> Record:
+    """A tool record with the given fields."""
+    return Record(id="r", ts="t", method="POST", path="/v1/chat/completions", kind=Kind.TOOL,
+                  **fields)
+
+
+class TestRecordRoofline:
+    def test_seed(self) -> None:
+        """A record decoding at 10.7 tok/s moved 26.2 GB/s and ran at 2.6x the 68 GB/s floor."""
+        out = record_roofline(rec(decode_tok_s=10.7), SEED_META, SEED_BOARD)
+        assert set(out) == {"decode_gbs", "roof_ratio"}
+        assert out["decode_gbs"] == pytest.approx(26.2, abs=0.05)
+        assert out["roof_ratio"] == pytest.approx(2.6, abs=0.05)
+
+    def test_no_board(self) -> None:
+        """Without a board the GB/s is known but the ratio is not."""
+        out = record_roofline(rec(decode_tok_s=10.7), SEED_META, None)
+        assert out["decode_gbs"] is not None and out["roof_ratio"] is None
+
+    def test_no_meta_or_rate(self) -> None:
+        """Without the model size or the decode rate both fields are None."""
+        none = {"decode_gbs": None, "roof_ratio": None}
+        assert record_roofline(rec(decode_tok_s=10.7), None, SEED_BOARD) == none
+        assert record_roofline(rec(decode_tok_s=None), SEED_META, SEED_BOARD) == none
+
+
+SEED_MEDIANS = {
+    "chat": Medians(decode_tok_s=10.7, prompt_n=20),
+    "tool": Medians(decode_tok_s=6.0, prompt_n=100, tool_call_tokens=10, json_chars=40),
+}
+
+
+class TestSummaryAndLines:
+    def test_summary_numbers(self) -> None:
+        """The summary carries the seed's figures as numbers, marked as estimates."""
+        out = roofline_summary(SEED_META, SEED_BOARD, SEED_MEDIANS)
+        assert out["estimate"] is True
+        assert out["floor_ms_per_token"] == pytest.approx(36.0, abs=0.05)
+        assert out["ridge_flop_per_byte"] == pytest.approx(18.4, abs=0.05)
+        chat, tool = out["kinds"]["chat"], out["kinds"]["tool"]
+        assert chat["decode_gbs"] == pytest.approx(26.2, abs=0.05)
+        assert chat["roof_ratio"] == pytest.approx(2.6, abs=0.05)
+        assert tool["tool_call_bytes"] == pytest.approx(24.5e9)
+        assert tool["bytes_per_json_char"] == pytest.approx(0.6125e9)
+
+    def test_summary_without_meta(self) -> None:
+        """Without the model only the board's ridge is known."""
+        out = roofline_summary(None, SEED_BOARD, SEED_MEDIANS)
+        assert out["model"] is None and out["kinds"] == {}
+        assert out["ridge_flop_per_byte"] == pytest.approx(18.4, abs=0.05)
+
+    def test_lines_seed(self) -> None:
+        """The lines give the seed's figures: 2.45 GB, 26.2 GB/s, 36.0 ms, 2.6x, 24.5 GB."""
+        text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, SEED_MEDIANS))
+        for figure in ("2.45 GB", "1 / 10.7 tok/s = 93.5 ms", "26.2 GB/s", "36.0 ms per token",
+                       "27.8 tok/s", "2.6x the floor", "18.4 FLOP per byte", "3.3 FLOP per byte",
+                       "<< ridge 18.4: memory side", "24.5 GB of DRAM", "0.61 GB per character"):
+            assert figure in text, figure
+
+    def test_lines_label_estimates(self) -> None:
+        """Every line with a derived figure is labelled est., measured or spec."""
+        lines = roofline_lines(SEED_META, SEED_BOARD, SEED_MEDIANS)
+        for line in lines:
+            if "=" in line and not line.startswith("model"):
+                assert any(tag in line for tag in ("(est.)", "measured", "(spec)")), line
+        assert sum("(est.)" in line for line in lines) >= 6
+
+    def test_lines_prefill_side(self) -> None:
+        """The tool prompt's 100 tokens give 327 FLOP per byte, on the compute side."""
+        text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, SEED_MEDIANS))
+        assert "100 tok x 2 FLOP / 0.61 B per weight = 327 FLOP per byte (est.)" in text
+        assert ">> ridge 18.4: compute side" in text
+
+    def test_lines_empty_without_meta(self) -> None:
+        """No model size, no roofline lines."""
+        assert roofline_lines(None, SEED_BOARD, SEED_MEDIANS) == []
+
+    def test_lines_without_board(self) -> None:
+        """Without a board the model-side lines remain and no floor is claimed."""
+        text = "\n".join(roofline_lines(SEED_META, None, SEED_MEDIANS))
+        assert "26.2 GB/s" in text
+        assert "floor" not in text and "ridge" not in text
+
+    def test_lines_ubatch_cap(self) -> None:
+        """A prompt over 512 tokens notes that one pass evaluates at most --ubatch-size."""
+        medians = {"tool": Medians(decode_tok_s=6.0, prompt_n=2000)}
+        text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, medians))
+        assert "--ubatch-size" in text

@@ -33,13 +33,13 @@ class DemoOptions:
 
 
 def _port_or_free(port: int) -> int:
+    """``port`` if it is free on loopback, else (or for 0) a free one."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
-            return port
         except OSError:
             s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

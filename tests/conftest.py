@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import SINKS, build_app
 from proxy.config import Config, load_config
+from proxy.provision import LlamaServer
 from proxy.record import Record
 from proxy.request import RequestFacts
 from proxy.tracker import Observation
@@ -94,3 +103,66 @@ async def proxied(fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactor
     upstream, server = fake
     proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
     return upstream, proxy
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ProxyProcess:
+    """The proxy started as a user would, and its log file."""
+
+    url: str
+    log_file: Path
+    proc: subprocess.Popen[bytes]
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """request_completed lines by request id."""
+        out = {}
+        for line in self.log_file.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "request_completed":
+                out[event["id"]] = event
+        return out
+
+    def record(self, request_id: str, within: float = 5.0) -> dict[str, Any]:
+        """Wait for the record of one request (it is written when the exchange ends)."""
+        deadline = time.monotonic() + within
+        while True:
+            found = self.records().get(request_id)
+            if found is not None:
+                return found
+            assert time.monotonic() < deadline, f"no record for {request_id}"
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def proxy_process(llama_server: LlamaServer,  # noqa: F811 - the fixture imported above
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """``python -m proxy serve`` in front of the real llama-server."""
+    port = _free_port()
+    folder = tmp_path_factory.mktemp("proxy")
+    log_file = folder / "requests.jsonl"
+    stderr = (folder / "stderr.txt").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}",
+         "--upstream", llama_server.url, "--log-file", str(log_file)],
+        stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/stats", timeout=1):
+                break
+        except OSError:
+            assert proc.poll() is None, (folder / "stderr.txt").read_text()
+            assert time.monotonic() < deadline, "proxy did not start"
+            time.sleep(0.05)
+    yield ProxyProcess(url=url, log_file=log_file, proc=proc)
+    proc.terminate()
+    proc.wait(timeout=10)
+    stderr.close()

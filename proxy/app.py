@@ -46,12 +46,14 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def upstream_session(config: Config) -> aiohttp.ClientSession:
-    """One pooled session for the upstream: no total deadline, keep-alive below 5 s."""
+def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSession:
+    """A session for the upstream: no total deadline; pooled connections are closed before
+    llama-server's 5 s idle close; ``pooled=False`` closes each connection after use."""
     up = config.upstream
-    connector = aiohttp.TCPConnector(
-        limit=up.max_connections,
-        keepalive_timeout=up.keepalive_timeout_s,
+    connector = (
+        aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
+        if pooled
+        else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
     )
     return aiohttp.ClientSession(
         connector=connector,
@@ -156,6 +158,7 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
+        stream_session = upstream_session(config, pooled=False)
         app[SESSION] = session
         settings = RelaySettings(
             upstream=config.upstream.url,
@@ -175,12 +178,13 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
             sinks.insert(0, accounting.learn_rate)
         app[ACCOUNTING] = accounting
         relay = app[RELAY] = Relay(session, settings, on_record, clock=clock,
-                                   accounting=accounting)
+                                   accounting=accounting, stream_session=stream_session)
         yield
         await relay.drain()
         if accounting is not None:
             await accounting.close()
         await session.close()
+        await stream_session.close()
 
     app.cleanup_ctx.append(upstream_ctx)
 

@@ -99,8 +99,10 @@ class Relay:
         on_record: Callable[[Record, RequestFacts, Observation | None], None],
         clock: Callable[[], float] = time.perf_counter,
         accounting: Accounting | None = None,
+        stream_session: aiohttp.ClientSession | None = None,
     ) -> None:
         self._session = session
+        self._stream_session = stream_session or session
         self._accounting = accounting
         self._completing: set[asyncio.Task[None]] = set()
         self._settings = settings
@@ -146,9 +148,14 @@ class Relay:
         if self._accounting is not None:
             flight.pending = self._accounting.begin(flight.facts)
         url = URL(self._base + request.raw_path, encoded=True)
+        # llama-server closes the connection after every event stream without saying so
+        # (no "Connection: close"); pooled, such a socket is reused while its FIN is on the
+        # way and the next request fails before any byte. Streams get a connection of their
+        # own (the stream session does not pool); everything else is pooled.
+        session = self._stream_session if flight.facts.stream else self._session
         try:
             async with _timeout(settings.header_timeout_s):
-                upstream = await self._session.request(
+                upstream = await session.request(
                     request.method,
                     url,
                     headers=request_headers(request.headers.items()),
@@ -176,9 +183,10 @@ class Relay:
                       flight: _Flight) -> web.StreamResponse:
         settings = self._settings
         flight.status = upstream.status
+        sse = upstream.content_type == _SSE
         tracker = StreamTracker(
             flight.t0,
-            sse=upstream.content_type == "text/event-stream",
+            sse=sse,
             clock=self._clock,
             max_event_bytes=settings.max_event_bytes,
             max_body_bytes=settings.max_body_bytes,
@@ -297,6 +305,7 @@ def _client_gone(flight: _Flight) -> Outcome:
     return Outcome.CLIENT_CLOSED
 
 
+_SSE = "text/event-stream"
 _NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Content-Type"})
 
 

@@ -287,3 +287,27 @@ class TestMetricsReal:
         assert counted == len(with_ttft) > 0
         assert "llamacpp:prompt_tokens" in families
         assert families["timing_proxy_upstream_metrics_up"].samples[0].value == 1
+
+
+class TestConnectionReuse:
+    """llama-server closes the socket after every stream without saying so."""
+
+    def test_alternating_streamed_and_plain_requests_never_fail(
+        self, proxy_process: ProxyProcess
+    ) -> None:
+        """Thirty back-to-back requests, streamed and not in turn, all succeed (no 502 from a
+        pooled socket that llama-server had closed)."""
+        statuses = []
+        for i in range(30):
+            body = {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2,
+                    "stream": i % 2 == 0}
+            req = urllib.request.Request(proxy_process.url + "/v1/chat/completions",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    resp.read()
+                    statuses.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+        assert statuses == [200] * 30

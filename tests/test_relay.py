@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.headers import REQUEST_ID_HEADER
 from proxy.record import Kind, Outcome
@@ -336,3 +337,41 @@ class TestObservation:
         assert stats["kinds"]["chat"]["ttft_ms"]["p50"] == proxy.captured.last.ttft_ms
         assert stats["recent"][0]["id"] == proxy.captured.last.id
         assert upstream.seen and all(s.path_qs != "/stats" for s in upstream.seen)
+
+
+class TestUpstreamConnections:
+    """How the proxy pools connections to the upstream."""
+
+    async def test_stream_connection_closed_by_upstream_is_never_reused(
+        self, proxied: Proxied
+    ) -> None:
+        """llama-server closes the socket after every event stream without saying so; the
+        next request, streamed or not, must not land on that dead socket (no 502)."""
+        upstream, proxy = proxied
+        events = [chat_event({"role": "assistant", "content": None}),
+                  chat_event({"content": "a"}),
+                  chat_event({}, finish_reason="stop", timings=make_timings()), DONE]
+        plain = json_response(200, b'{"choices":[],"timings":{"prompt_n":1}}')
+
+        doomed: set[Any] = set()
+
+        async def like_llama_server(request: Any, seen: Any) -> Any:
+            if request.transport in doomed:
+                # llama-server has already closed this socket: whatever the client writes
+                # on it is lost, and it sees the connection close before any byte
+                request.transport.close()
+                return web.Response()
+            if b'"stream":true' not in seen.body:
+                return await plain(request, seen)
+            resp = await sse(events)(request, seen)
+            doomed.add(request.transport)
+            return resp
+
+        upstream.script = like_llama_server
+        statuses = []
+        for i in range(20):
+            body = b'{"stream":true}' if i % 2 == 0 else b'{"stream":false}'
+            resp = await proxy.client.post("/v1/chat/completions", data=body)
+            await resp.read()
+            statuses.append(resp.status)
+        assert statuses == [200] * 20

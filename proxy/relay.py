@@ -28,6 +28,7 @@ from yarl import URL
 
 from proxy.accounting import Accounting, Pending
 from proxy.assemble import Exchange, build_record
+from proxy.deadline import Deadlines
 from proxy.headers import REQUEST_ID_HEADER, request_headers, response_headers
 from proxy.record import Outcome, Record
 from proxy.request import RequestFacts, analyse_request
@@ -200,34 +201,43 @@ class Relay:
         await resp.prepare(request)
         flight.headers_sent = True
         read = upstream.content.readany
+        write = resp.write
         idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
-        while True:
-            try:
-                async with _timeout(idle):
+        deadlines = Deadlines(idle, write_timeout, Outcome.UPSTREAM_IDLE_TIMEOUT,
+                              Outcome.CLIENT_STALLED)
+        try:
+            while True:
+                deadlines.reading()
+                try:
                     chunk = await read()
-            except TimeoutError:
-                return self._cut(request, resp, flight, Outcome.UPSTREAM_IDLE_TIMEOUT,
-                                 f"no upstream bytes for {idle} s")
-            except aiohttp.ClientError as exc:
-                return self._cut(request, resp, flight, Outcome.UPSTREAM_CLOSED_MID_STREAM,
-                                 type(exc).__name__)
-            if not chunk:
-                break
+                except aiohttp.ClientError as exc:
+                    return self._cut(request, resp, flight,
+                                     Outcome.UPSTREAM_CLOSED_MID_STREAM, type(exc).__name__)
+                if not chunk:
+                    break
+                deadlines.writing()
+                try:
+                    await write(chunk)
+                except ConnectionError:
+                    flight.outcome = _client_gone(flight)
+                    return resp
+                tracker.feed(chunk)
+            deadlines.idle()
             try:
-                async with _timeout(write_timeout):
-                    await resp.write(chunk)
-            except TimeoutError:
-                return self._cut(request, resp, flight, Outcome.CLIENT_STALLED,
-                                 f"client read nothing for {write_timeout} s")
+                await resp.write_eof()
             except ConnectionError:
                 flight.outcome = _client_gone(flight)
-                return resp
-            tracker.feed(chunk)
-        try:
-            await resp.write_eof()
-        except ConnectionError:
-            flight.outcome = _client_gone(flight)
-        return resp
+            return resp
+        except asyncio.CancelledError:
+            if not deadlines.expired_cancel():
+                raise
+            stalled = deadlines.expired is Outcome.CLIENT_STALLED
+            return self._cut(request, resp, flight, Outcome.CLIENT_STALLED if stalled
+                             else Outcome.UPSTREAM_IDLE_TIMEOUT,
+                             f"client read nothing for {write_timeout} s" if stalled
+                             else f"no upstream bytes for {idle} s")
+        finally:
+            deadlines.stop()
 
     def _refuse(self, flight: _Flight, abort: _Abort) -> web.Response:
         flight.outcome, flight.status, flight.error = abort.outcome, abort.status, str(abort)

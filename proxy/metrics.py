@@ -13,6 +13,9 @@ is too low for edge boards.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -38,6 +41,24 @@ PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3
              2.5)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 LABELS = ("model", "kind")
+
+
+@dataclass(frozen=True, slots=True)
+class _Children:
+    ttft: Any
+    e2e: Any
+    prefill: Any
+    decode: Any
+    tool_call: Any
+    overhead: Any
+    tpot: Any
+    prompt_tokens: Any
+    schema_tokens: Any
+    cached: Any
+    prefilled: Any
+    paid: Any
+    saved: Any
+    again: Any
 
 
 class Metrics:
@@ -95,6 +116,7 @@ class Metrics:
                                  "page, 0 when it did not answer (start it with --metrics).",
                                  registry=r)
         self._models: set[str] = set()
+        self._cache: dict[tuple[str, str], _Children] = {}
 
     def _model(self, name: str | None) -> str:
         model = name or "unknown"
@@ -104,35 +126,55 @@ class Metrics:
             self._models.add(model)
         return model
 
+    def _children(self, model: str, kind: str) -> _Children:
+        """The label children of one (model, kind), looked up once: ``labels()`` costs
+        microseconds per call, and a record touches a dozen series."""
+        key = (model, kind)
+        children = self._cache.get(key)
+        if children is None:
+            children = self._cache[key] = _Children(
+                ttft=self.ttft.labels(model, kind), e2e=self.e2e.labels(model, kind),
+                prefill=self.prefill.labels(model, kind),
+                decode=self.decode.labels(model, kind),
+                tool_call=self.tool_call.labels(model, kind),
+                overhead=self.overhead.labels(model, kind), tpot=self.tpot.labels(model, kind),
+                prompt_tokens=self.prompt_tokens.labels(model, kind),
+                schema_tokens=self.schema_tokens.labels(model, kind),
+                cached=self.prompt_tokens_total.labels(model, kind, "true"),
+                prefilled=self.prompt_tokens_total.labels(model, kind, "false"),
+                paid=self.schema_seconds.labels(model, "paid"),
+                saved=self.schema_seconds.labels(model, "saved"),
+                again=self.prefilled_again.labels(model),
+            )
+        return children
+
     def observe(self, record: Record, *_: object) -> None:
         """Record sink: count one finished request."""
         model = self._model(record.model)
-        labels = (model, str(record.kind))
-        self.requests.labels(*labels, str(record.outcome), str(record.status or 0)).inc()
-        for hist, value_ms in ((self.ttft, record.ttft_ms), (self.e2e, record.e2e_ms),
-                               (self.prefill, record.prefill_ms),
-                               (self.decode, record.decode_ms),
-                               (self.tool_call, record.tool_call_ms)):
+        kind = str(record.kind)
+        c = self._children(model, kind)
+        self.requests.labels(model, kind, str(record.outcome), str(record.status or 0)).inc()
+        for hist, value_ms in ((c.ttft, record.ttft_ms), (c.e2e, record.e2e_ms),
+                               (c.prefill, record.prefill_ms), (c.decode, record.decode_ms),
+                               (c.tool_call, record.tool_call_ms)):
             if value_ms is not None:
-                hist.labels(*labels).observe(value_ms / 1000.0)
+                hist.observe(value_ms / 1000.0)
         if record.overhead_ms is not None:
-            self.overhead.labels(*labels).observe(max(0.0, record.overhead_ms) / 1000.0)
+            c.overhead.observe(max(0.0, record.overhead_ms) / 1000.0)
         if record.decode_ms is not None and record.predicted_n and record.predicted_n > 1:
-            self.tpot.labels(*labels).observe(record.decode_ms / (record.predicted_n - 1)
-                                              / 1000.0)
+            c.tpot.observe(record.decode_ms / (record.predicted_n - 1) / 1000.0)
         if record.prompt_tokens is not None and record.cache_n is not None:
-            self.prompt_tokens.labels(*labels).observe(record.prompt_tokens)
-            self.prompt_tokens_total.labels(*labels, "true").inc(record.cache_n)
-            self.prompt_tokens_total.labels(*labels, "false").inc(
-                record.prompt_tokens - record.cache_n)
+            c.prompt_tokens.observe(record.prompt_tokens)
+            c.cached.inc(record.cache_n)
+            c.prefilled.inc(record.prompt_tokens - record.cache_n)
         if record.schema_tokens is not None:
-            self.schema_tokens.labels(*labels).observe(record.schema_tokens)
+            c.schema_tokens.observe(record.schema_tokens)
         if record.schema_prefill_ms is not None:
-            self.schema_seconds.labels(model, "paid").inc(record.schema_prefill_ms / 1000.0)
+            c.paid.inc(record.schema_prefill_ms / 1000.0)
         if record.schema_saved_ms is not None:
-            self.schema_seconds.labels(model, "saved").inc(record.schema_saved_ms / 1000.0)
+            c.saved.inc(record.schema_saved_ms / 1000.0)
         if record.schema_prefilled_again:
-            self.prefilled_again.labels(model).inc()
+            c.again.inc()
 
     def render(self, upstream: bytes | None) -> bytes:
         """The exposition text: ours, then llama-server's own metrics when it answered."""

@@ -64,6 +64,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         if o.tool_call_s is not None and o.first_event_s is not None and facts.stream
         else None
     )
+    counted = obs is not None and obs.analysed
     analysis_error = facts.error or o.analysis_error
     if o.oversized_events and analysis_error is None:
         analysis_error = f"oversized_events:{o.oversized_events}"
@@ -77,14 +78,14 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         kind=facts.kind,
         status=ex.status,
         outcome=ex.outcome,
-        error=ex.error or o.upstream_error,
+        error=o.upstream_error or ex.error,
         analysis_error=analysis_error,
         ttfb_ms=ms(o.first_byte_s),
         ttft_ms=ttft_ms,
         e2e_ms=ms(ex.end_s),
         decode_wall_ms=ms(decode_wall),
         **derived,
-        tool_calls=len(o.tool_calls) if obs is not None else None,
+        tool_calls=len(o.tool_calls) if counted else None,
         tool_call_valid=tool_calls_valid(o.tool_calls, facts.tool_names),
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
         tool_call_tokens=tool_tokens,
@@ -92,8 +93,8 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span
         else None,
         finish_reason=o.finish_reason,
-        events=o.events if obs is not None else None,
-        token_events=o.token_events if obs is not None else None,
+        events=o.events if counted else None,
+        token_events=o.token_events if counted else None,
         request_bytes=ex.request_bytes,
         response_bytes=o.response_bytes if obs is not None else None,
     )

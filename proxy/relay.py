@@ -123,9 +123,10 @@ class Relay:
         try:
             return await self._run(request, flight)
         except asyncio.CancelledError:
-            flight.outcome = (
-                Outcome.SHUTDOWN_ABORTED if self.shutting_down else _client_gone(flight)
-            )
+            # during the drain an agent hanging up looks the same: counted as aborted
+            flight.outcome = _client_gone(flight)
+            if self.shutting_down and flight.outcome is not Outcome.COMPLETED:
+                flight.outcome = Outcome.SHUTDOWN_ABORTED
             raise
         except Exception as exc:  # a bug of ours: answer if we still can, else abort
             flight.outcome, flight.error = Outcome.PROXY_ERROR, type(exc).__name__
@@ -173,24 +174,29 @@ class Relay:
                 Outcome.UPSTREAM_UNREACHABLE, 502,
                 f"upstream unreachable: {type(exc).__name__}"))
         try:
-            return await self._stream(request, upstream, flight)
-        finally:
-            if flight.outcome is Outcome.COMPLETED:
-                upstream.release()
-            else:
-                upstream.close()  # closing the socket is llama-server's only cancel signal
+            resp = await self._stream(request, upstream, flight)
+        except BaseException:
+            upstream.close()  # closing the socket is llama-server's only cancel signal
+            raise
+        if flight.outcome is Outcome.COMPLETED:
+            upstream.release()
+        else:
+            upstream.close()
+        return resp
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
                       flight: _Flight) -> web.StreamResponse:
         settings = self._settings
         flight.status = upstream.status
         sse = upstream.content_type == _SSE
+        encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
         tracker = StreamTracker(
             flight.t0,
             sse=sse,
             clock=self._clock,
             max_event_bytes=settings.max_event_bytes,
             max_body_bytes=settings.max_body_bytes,
+            skip=None if encoding == "identity" else f"content_encoding:{encoding}",
         )
         flight.tracker = tracker
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
@@ -198,7 +204,12 @@ class Relay:
         resp.headers[REQUEST_ID_HEADER] = flight.id
         if upstream.content_length is not None and request.method != "HEAD":
             resp.content_length = flight.expected_bytes = upstream.content_length
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except (ValueError, UnicodeEncodeError) as exc:  # aiohttp refuses to write the header
+            return self._refuse(flight, _Abort(
+                Outcome.UPSTREAM_UNREACHABLE, 502,
+                f"upstream sent a header that cannot be relayed: {type(exc).__name__}"))
         flight.headers_sent = True
         read = upstream.content.readany
         write = resp.write

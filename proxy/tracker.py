@@ -65,6 +65,7 @@ class Observation:
     analysis_error: str | None = None
     oversized_events: int = 0
     done: bool = False
+    analysed: bool = True
 
 
 @dataclass(slots=True)
@@ -84,11 +85,15 @@ class StreamTracker:
         clock: Clock = time.perf_counter,
         max_event_bytes: int = 8 * 1024 * 1024,
         max_body_bytes: int = 32 * 1024 * 1024,
+        skip: str | None = None,
     ) -> None:
+        """``skip`` names why the body cannot be read (e.g. it is compressed): then only
+        bytes and times are observed, and the counts of events and calls stay unknown."""
         self._t0 = t0
         self._clock = clock
-        self._framer = SSEFramer(max_event_bytes) if sse else None
-        self._body: list[bytes] | None = None if sse else []
+        self._skip = skip
+        self._framer = SSEFramer(max_event_bytes) if sse and skip is None else None
+        self._body: list[bytes] | None = None if sse or skip is not None else []
         self._max_body = max_body_bytes
         self._bytes = 0
         self._first_byte: float | None = None
@@ -105,7 +110,7 @@ class StreamTracker:
         self._finish: str | None = None
         self._calls: dict[int, _Call] = {}
         self._error: str | None = None
-        self._analysis_error: str | None = None
+        self._analysis_error: str | None = skip
         self._done = False
 
     @property
@@ -275,6 +280,7 @@ class StreamTracker:
             analysis_error=self._analysis_error,
             oversized_events=oversized,
             done=self._done,
+            analysed=self._skip is None,
         )
 
 

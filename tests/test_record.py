@@ -473,12 +473,17 @@ class TestBuildRecord:
         assert r.decode_wall_ms == 0.0
 
     def test_upstream_error_becomes_error(self) -> None:
-        """An upstream error event fills ``error`` when the relay had none; the relay's wins."""
+        """llama-server's own error event fills ``error`` and wins over the relay's reason
+        (the outcome already says how the exchange ended; the event says why)."""
         obs = Observation(upstream_error="server_error:500")
         assert build_record(_exchange(), TOOL_FACTS, obs).error == "server_error:500"
         assert (
-            build_record(_exchange(error="upstream_closed_mid_stream"), TOOL_FACTS, obs).error
-            == "upstream_closed_mid_stream"
+            build_record(_exchange(error="ClientPayloadError"), TOOL_FACTS, obs).error
+            == "server_error:500"
+        )
+        assert (
+            build_record(_exchange(error="ClientPayloadError"), TOOL_FACTS, Observation()).error
+            == "ClientPayloadError"
         )
 
     def test_analysis_errors(self) -> None:

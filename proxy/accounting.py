@@ -100,8 +100,12 @@ class Accounting:
         timeout_s: float = 10.0,
         cache_entries: int = 1024,
         on_event: Callable[..., None] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self._base = upstream.rstrip("/")
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = timeout_s
         self._max = cache_entries
         self._on_event = on_event or (lambda *a, **k: None)
@@ -134,7 +138,7 @@ class Accounting:
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         assert self._session is not None
         async with self._session.post(self._base + path, data=orjson.dumps(body),
-                                      headers={"Content-Type": "application/json"}) as resp:
+                                      headers=self._headers) as resp:
             if resp.status in (404, 405, 501):
                 raise _Unsupported(f"{path}: {resp.status}")
             resp.raise_for_status()

@@ -118,6 +118,9 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
     sinks: list[RecordSink] = [count_record, metrics.observe, log_record]
     app[SINKS] = sinks
 
+    own_headers = (
+        {"Authorization": f"Bearer {config.upstream.api_key}"} if config.upstream.api_key else {}
+    )
     board = Board.from_config(config.board)
     model_meta: list[ModelMeta | None] = [None]
     last_meta_try = [float("-inf")]
@@ -138,7 +141,7 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
 
     async def fetch_meta(session: aiohttp.ClientSession) -> None:
         try:
-            async with session.get(config.upstream.url + "/v1/models",
+            async with session.get(config.upstream.url + "/v1/models", headers=own_headers,
                                    timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status == 200:
                     model_meta[0] = ModelMeta.from_models_json(orjson.loads(await resp.read()))
@@ -173,7 +176,7 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
             accounting = Accounting(config.upstream.url,
                                     timeout_s=config.accounting.lookup_timeout_s,
                                     cache_entries=config.accounting.cache_entries,
-                                    on_event=log.info)
+                                    on_event=log.info, api_key=config.upstream.api_key)
             await accounting.start()
             sinks.insert(0, accounting.learn_rate)
         app[ACCOUNTING] = accounting
@@ -220,6 +223,7 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
         upstream: bytes | None = None
         try:
             async with request.app[SESSION].get(config.upstream.url + "/metrics",
+                                                headers=own_headers,
                                                 timeout=aiohttp.ClientTimeout(total=2.0)
                                                 ) as resp:
                 if resp.status == 200:

@@ -111,6 +111,7 @@ class UpstreamConfig:
     keepalive_timeout_s: float = field(default=4.0, metadata={"gt": 0})
     max_connections: int = field(default=16, metadata={"ge": 1})
     max_event_bytes: int = field(default=8 * 1024 * 1024, metadata={"ge": 1})
+    api_key: str | None = None  # None ("" in TOML) = the proxy's own requests send no key
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,3 +140,32 @@ class TestAccess:
         await _chat(proxy, 1)
         assert proxy.captured.last.status == 200
         assert upstream.seen[-1].path_qs == "/v1/chat/completions"
+
+
+class TestUpstreamKey:
+    """llama-server started with --api-key: the proxy's own requests need the key too."""
+
+    async def test_api_key_is_sent_on_the_proxys_own_requests(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """With upstream.api_key set, the /metrics merge authenticates and succeeds; the
+        agent's own requests are untouched."""
+        upstream, server = fake
+        chat = _routed(LLAMA_METRICS)
+
+        async def guarded(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
+            if request.path == "/metrics" and request.headers.get("Authorization") != "Bearer k":
+                return web.json_response({"error": {"code": 401}}, status=401)
+            return await chat(request, seen)
+
+        upstream.script = guarded
+        url = str(server.make_url("")).rstrip("/")
+        without = await make_proxy(url)
+        text = await (await without.client.get("/metrics")).text()
+        assert "llamacpp:" not in text
+        keyed = await make_proxy(url, upstream={"api_key": "k"})
+        text = await (await keyed.client.get("/metrics")).text()
+        assert _families(text)["llamacpp:prompt_tokens"].samples[0].value == 40
+        await _chat(keyed, 1)
+        agent = [s for s in upstream.seen if s.path_qs == "/v1/chat/completions"][-1]
+        assert "Authorization" not in agent.headers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "derive",
     "ms",
     "ratio",
+    "valid_count",
 ]
 
 
@@ -64,11 +66,13 @@ class ServerTimings:
 
         def num(key: str) -> float | None:
             v = obj.get(key)
-            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                return None
+            f = float(v) if -MAX_COUNT <= v <= MAX_COUNT else math.inf
+            return f if math.isfinite(f) and f >= 0 else None
 
         def count(key: str) -> int | None:
-            v = obj.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
+            return valid_count(obj.get(key))
 
         return cls(
             prompt_n=count("prompt_n"),
@@ -77,6 +81,17 @@ class ServerTimings:
             predicted_n=count("predicted_n"),
             predicted_ms=num("predicted_ms"),
         )
+
+
+MAX_COUNT = 2**53
+"""Larger (or negative) counts from an upstream are not believed: they are ``None``."""
+
+
+def valid_count(value: Any) -> int | None:
+    """A token count as an upstream may send it: a non-negative int, else ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
 
 
 def ms(seconds: float | None) -> float | None:
@@ -88,7 +103,8 @@ def ratio(num: float | None, den: float | None, scale: float = 1.0) -> float | N
     """``scale * num / den``, or ``None`` when either is unknown or the divisor is not > 0."""
     if num is None or den is None or den <= 0:
         return None
-    return round(scale * num / den, 6)
+    value = scale * num / den
+    return round(value, 6) if math.isfinite(value) else None
 
 
 def _sub(a: float | None, b: float | None) -> float | None:

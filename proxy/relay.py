@@ -86,6 +86,7 @@ class _Flight:
     tracker: StreamTracker | None = None
     pending: Pending | None = None
     expected_bytes: int | None = None
+    accounting_error: str | None = None
     outcome: Outcome = Outcome.COMPLETED
     error: str | None = None
 
@@ -148,7 +149,10 @@ class Relay:
         flight.request_bytes = len(body)
         flight.facts = analyse_request(request.method, request.path, body)
         if self._accounting is not None:
-            flight.pending = self._accounting.begin(flight.facts)
+            try:
+                flight.pending = self._accounting.begin(flight.facts)
+            except Exception as exc:  # accounting must never stop a request
+                flight.accounting_error = f"begin: {type(exc).__name__}"
         url = URL(self._base + request.raw_path, encoded=True)
         # llama-server closes the connection after every event stream without saying so
         # (no "Connection: close"); pooled, such a socket is reused while its FIN is on the
@@ -291,6 +295,8 @@ class Relay:
             error=flight.error,
         )
         record = build_record(exchange, flight.facts, obs)
+        if flight.accounting_error is not None:
+            record = dataclasses.replace(record, accounting_error=flight.accounting_error)
         if flight.pending is None or self._accounting is None:
             self._on_record(record, flight.facts, obs)
             return

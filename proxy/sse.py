@@ -163,7 +163,7 @@ class SSEFramer:
             value = line[colon + 2 :] if line.startswith(b" ", colon + 1) else line[colon + 1 :]
         if name == b"data":
             self._data.append(value)
-            self._size += len(value)
+            self._size += len(value) + 1  # the LF that joins data lines counts too
         elif name == b"event":
             self._event = value
         elif name == b"id":

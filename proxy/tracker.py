@@ -17,11 +17,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import orjson
 
-from proxy.record import ServerTimings
+from proxy.record import ServerTimings, valid_count
 from proxy.sse import SSEFramer
 
 __all__ = ["Clock", "Observation", "StreamTracker", "ToolCall"]
@@ -193,12 +193,12 @@ class StreamTracker:
             details = usage.get("prompt_tokens_details")
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
             prompt = usage.get("prompt_tokens")
-            completion = usage.get("completion_tokens")
-            if _is_int(prompt) and _is_int(cached):
+            prompt, cached = valid_count(prompt), valid_count(cached)
+            if prompt is not None and cached is not None and cached <= prompt:
                 self._usage = ServerTimings(
                     prompt_n=prompt - cached,
                     cache_n=cached,
-                    predicted_n=completion if _is_int(completion) else None,
+                    predicted_n=valid_count(usage.get("completion_tokens")),
                 )
         error = obj.get("error")
         if isinstance(error, dict):
@@ -217,7 +217,8 @@ class StreamTracker:
             if not isinstance(d, dict):
                 continue
             idx = d.get("index", 0)
-            call = self._calls.setdefault(idx if isinstance(idx, int) else 0, _Call())
+            key = idx if isinstance(idx, int) and not isinstance(idx, bool) else 0
+            call = self._calls.setdefault(key, _Call())
             fn = d.get("function")
             if isinstance(fn, dict):
                 name = fn.get("name")
@@ -241,7 +242,8 @@ class StreamTracker:
         for choice in _choices(obj):
             message = choice.get("message")
             if isinstance(message, dict) and self._merge_tool_deltas(
-                [{"index": i, **c} for i, c in enumerate(message.get("tool_calls") or [])]
+                [{"index": i, **c} for i, c in enumerate(message.get("tool_calls") or [])
+                 if isinstance(c, dict)]
                 if isinstance(message.get("tool_calls"), list)
                 else None
             ):
@@ -282,10 +284,6 @@ class StreamTracker:
             done=self._done,
             analysed=self._skip is None,
         )
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:

@@ -36,7 +36,31 @@ _NOT_FOR_COUNTING = ("stream", "stream_options", "tools", "tool_choice", "parall
 
 
 def _digest(obj: Any) -> str:
-    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    try:
+        data = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (254): walk it ourselves
+        data = _canonical(obj)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(obj: Any) -> bytes:
+    """A stable serialisation of parsed JSON of any depth (iterative, keys sorted)."""
+    out: list[bytes] = []
+    stack: list[Any] = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bytes):
+            out.append(item)
+        elif isinstance(item, dict):
+            parts: list[Any] = [b"{"]
+            for key in sorted(item, key=str):
+                parts += [repr(str(key)).encode(), b":", item[key], b","]
+            stack.extend(reversed([*parts, b"}"]))
+        elif isinstance(item, list):
+            stack.extend(reversed([b"[", *[x for v in item for x in (v, b",")], b"]"]))
+        else:
+            out.append(repr(item).encode())
+    return b"".join(out)
 
 
 def schema_hash(tools: list[Any]) -> str:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fuzz.checks import oracle
 from proxy.sse import SSEEvent, SSEFramer
 
 BOM = b"\xef\xbb\xbf"
@@ -47,36 +48,6 @@ def modes(stream: bytes) -> dict[str, list[bytes]]:
 
 def counters(f: SSEFramer) -> tuple[int, int, int, bool]:
     return f.events, f.comments, f.oversized, f.incomplete_at_eof
-
-
-def reference(stream: bytes) -> tuple[list[SSEEvent], int]:
-    """Spec-literal, whole-stream interpreter (no size cap): the oracle for property tests."""
-    stream = stream.removeprefix(BOM)
-    lines = _LINE_BREAK.split(stream)[:-1]  # the unterminated tail never dispatches
-    out: list[SSEEvent] = []
-    data, etype, last_id, retry, comments = b"", b"", None, None, 0
-    for line in lines:
-        if not line:
-            if data:
-                event = etype.decode("utf-8", "replace") or "message"
-                out.append(SSEEvent(data.removesuffix(b"\n"), event, last_id, retry))
-            data, etype, retry = b"", b"", None
-            continue
-        if line.startswith(b":"):
-            comments += 1
-            continue
-        name, colon, value = line.partition(b":")
-        if colon and value.startswith(b" "):
-            value = value[1:]
-        if name == b"data":
-            data += value + b"\n"
-        elif name == b"event":
-            etype = value
-        elif name == b"id" and b"\x00" not in value:
-            last_id = value.decode("utf-8", "replace")
-        elif name == b"retry" and value.isdigit() and len(value) < 4000:
-            retry = int(value)
-    return out, comments
 
 
 SPEC_EXAMPLES: dict[str, tuple[bytes, list[SSEEvent]]] = {
@@ -470,7 +441,7 @@ class TestProperties:
     ) -> None:
         """Arbitrary bytes never raise, match the spec-literal oracle, and ignore chunking."""
         whole, f1 = run([stream])
-        assert (whole, f1.comments) == reference(stream)
+        assert (whole, f1.comments) == oracle(stream)
         chunked, f2 = run(_splits(data, stream))
         assert chunked == whole
         assert counters(f2) == counters(f1)

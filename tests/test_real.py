@@ -184,11 +184,19 @@ class TestThroughTheProxy:
 
     def test_log_never_holds_prompt_or_completion_text(self, proxy_process: ProxyProcess
                                                       ) -> None:
-        """The log file has records but none of the prompts, completions or the API key."""
+        """The log file, /stats and /metrics have the records but none of the prompts,
+        completions, tool arguments or the API key."""
         text = proxy_process.log_file.read_text()
         assert "request_completed" in text
-        for secret in ("Paris right now", "Name three colours", "terse robot", "sk-none"):
-            assert secret not in text
+        pages = [text]
+        for path in ("/stats", "/metrics"):
+            with urllib.request.urlopen(proxy_process.url + path, timeout=10) as resp:
+                pages.append(resp.read().decode())
+        assert '"kinds"' in pages[1] and "gen_ai_server_time_to_first_token" in pages[2]
+        for page in pages:
+            for secret in ("Paris right now", "Name three colours", "terse robot", "sk-none",
+                           '\\"city\\"', '"city"'):
+                assert secret not in page
 
 
 def _post_json(url: str, body: dict[str, Any]) -> Any:

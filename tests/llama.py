@@ -25,6 +25,7 @@ from proxy.provision import (
     ensure_llama_server,
     ensure_model,
 )
+from tests.terminal import terminal_log
 
 __all__ = [
     "LlamaArtifacts",
@@ -72,24 +73,10 @@ def provision_or_skip(log: Callable[[str], None] | None = None) -> LlamaArtifact
     _unavailable(reason)  # outside the except: no chained traceback in the report
 
 
-def _terminal_log(config: pytest.Config) -> Callable[[str], None]:
-    """A logger that shows through pytest's capture (a cold build takes minutes)."""
-    capman = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-    if capman is None or reporter is None:  # e.g. xdist workers
-        return lambda msg: print(f"[provision] {msg}", file=sys.stderr, flush=True)
-
-    def log(msg: str) -> None:
-        with capman.global_and_fixture_disabled():
-            reporter.write_line(f"[provision] {msg}")
-
-    return log
-
-
 @pytest.fixture(scope="session")
 def llama_artifacts(request: pytest.FixtureRequest) -> LlamaArtifacts:
     """The provisioned llama-server binary, model and chat template (session-wide)."""
-    return provision_or_skip(_terminal_log(request.config))
+    return provision_or_skip(terminal_log(request.config, "provision"))
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from proxy.record import Kind, Outcome, Record
 from proxy.stats import Stats
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, load_recording, replay
+from tests.terminal import terminal_log
 
 try:
     from playwright.async_api import (  # type: ignore[import-not-found,unused-ignore]
@@ -70,15 +71,7 @@ def _artifacts() -> Path:
     return path
 
 
-def _terminal_line(config: pytest.Config, line: str) -> None:
-    """Write ``line`` to the terminal through pytest's output capture."""
-    capman = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-    if capman is None or reporter is None:
-        print(line)
-        return
-    with capman.global_and_fixture_disabled():
-        reporter.write_line(line)
+
 
 
 @pytest.fixture
@@ -209,7 +202,7 @@ async def test_dashboard_shows_each_request_clock(
     path = _artifacts() / "dashboard.png"
     await page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 10_000
-    _terminal_line(request.config, f"dashboard screenshot: {path.resolve()}")
+    terminal_log(request.config, "dashboard")(f"dashboard screenshot: {path.resolve()}")
     assert errors == []
 
 

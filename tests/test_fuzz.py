@@ -41,6 +41,7 @@ from proxy.sse import SSEFramer
 from proxy.tracker import StreamTracker
 from tests.conftest import ProxyFactory
 from tests.fakes import DONE, FakeUpstream, all_recordings, load_recording, sse
+from tests.terminal import terminal_log
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
 SCALE = 20 if FULL else 1
@@ -54,25 +55,14 @@ def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def _terminal(config: pytest.Config) -> Callable[[str], None]:
-    """Write a ``[fuzz]`` line through pytest's capture (as tests/llama.py does)."""
-    capman = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-    if capman is None or reporter is None:
-        return lambda msg: print(f"[fuzz] {msg}", file=sys.stderr, flush=True)
 
-    def log(msg: str) -> None:
-        with capman.global_and_fixture_disabled():
-            reporter.write_line(f"[fuzz] {msg}")
-
-    return log
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report_inputs(request: pytest.FixtureRequest) -> Iterator[None]:
     """At the end of the module, print how many inputs each target was given."""
     yield
-    log = _terminal(request.config)
+    log = terminal_log(request.config, "fuzz")
     for name, count in sorted(INPUTS.items()):
         log(f"{name}: {count} inputs")
     if checks.TOLERATED:
@@ -490,7 +480,7 @@ async def test_relay_random_streams_byte_identical(
             cap = proxy.config.upstream.max_event_bytes
             events, _, _ = checks.frame([stream], cap)
             assert record.events == len(events), where
-    _terminal(request.config)(f"relay: seed {seed} (TIMING_PROXY_FUZZ_SEED to replay)")
+    terminal_log(request.config, "fuzz")(f"relay: seed {seed} (TIMING_PROXY_FUZZ_SEED to replay)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -605,7 +595,7 @@ def test_atheris_smoke(tmp_path: Path, request: pytest.FixtureRequest) -> None:
                         "'x86_64')", pytrace=False)
         pytest.skip("atheris is not installed (python fuzz/fuzz_sse.py --plain=10 needs none)")
     seconds = int(os.environ.get("TIMING_PROXY_FUZZ_SECONDS") or (120 if FULL else 10))
-    log = _terminal(request.config)
+    log = terminal_log(request.config, "fuzz")
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = {name: tmp_path / f"fuzz_{name}.log" for name in _HARNESSES}
     try:

@@ -43,6 +43,7 @@ import orjson
 import pytest
 
 from tests.fakes import DONE, SSE_HEADERS, chat_event, load_recording, make_timings
+from tests.terminal import terminal_log
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
 REPO = Path(__file__).resolve().parent.parent
@@ -151,18 +152,7 @@ def _serve_upstream(port_file: str) -> None:
 # Processes
 
 
-def _terminal(config: pytest.Config) -> Callable[[str], None]:
-    """Write a ``[load]`` line through pytest's capture (as tests/llama.py does)."""
-    capman = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-    if capman is None or reporter is None:
-        return lambda msg: print(f"[load] {msg}", file=sys.stderr, flush=True)
 
-    def log(msg: str) -> None:
-        with capman.global_and_fixture_disabled():
-            reporter.write_line(f"[load] {msg}")
-
-    return log
 
 
 def rss_mb(pid: int) -> float:
@@ -514,7 +504,7 @@ def _report_rss(log: Callable[[str], None], samples: list[tuple[float, int, floa
 
 async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) -> None:
     """200 concurrent streams for a while: exact bytes, all recorded, /stats fast, flat RSS."""
-    log = _terminal(request.config)
+    log = terminal_log(request.config, "load")
     body = request_body(True, STREAM_EVENTS, STREAM_GAP_MS)
     expected = stream_body(STREAM_EVENTS)
 
@@ -575,7 +565,7 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
 
 async def test_soak(stack: Stack, request: pytest.FixtureRequest) -> None:
     """A soak of short stream and non-stream requests: no errors, all recorded, flat RSS."""
-    log = _terminal(request.config)
+    log = terminal_log(request.config, "load")
     cases = [
         (request_body(False, 0, 0), NONSTREAM_BODY),
         (request_body(True, SOAK_EVENTS, 0), stream_body(SOAK_EVENTS)),

@@ -1238,14 +1238,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-streams-alive", action="store_true",
                    help="the fake upstream keeps the connection after an event stream (real "
                    "llama-server closes it; by default the fake does too)")
-    p.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, ~30 s)")
+    p.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, ~40 s)")
     p.add_argument("--out", type=Path, help="JSON results file (default: "
                    "bench/results/relay_overhead-<UTC time>.json)")
     p.add_argument("--uvloop", action="store_true",
                    help="also run a second proxy on uvloop (if importable)")
     p.add_argument("--profile", action="store_true",
-                   help="afterwards, profile the asyncio proxy with py-spy (long stream and "
-                   "robot load); writes bench/results/profile-*.{raw.txt,svg}")
+                   help="afterwards, profile the asyncio proxy with py-spy (long stream, "
+                   "robot load, back-to-back requests); writes "
+                   "bench/results/profile-*.{raw.txt,svg}")
     p.add_argument("--log-file", action="store_true",
                    help="also make the proxy append its JSON log lines to a temp file")
     p.add_argument("--seed", type=int, default=1)

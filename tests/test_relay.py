@@ -12,8 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.app import STATS
 from proxy.headers import REQUEST_ID_HEADER
-from proxy.record import Kind, Outcome
+from proxy.record import Kind, Outcome, Record
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import (
     DONE,
@@ -337,6 +338,34 @@ class TestObservation:
         assert stats["kinds"]["chat"]["ttft_ms"]["p50"] == proxy.captured.last.ttft_ms
         assert stats["recent"][0]["id"] == proxy.captured.last.id
         assert upstream.seen and all(s.path_qs != "/stats" for s in upstream.seen)
+
+    async def test_concurrent_stats_readers_share_one_build(
+        self, proxied: Proxied, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Readers of /stats arriving while the document is being built (stepwise, the
+        event loop given back between fields) wait for that build and get the same,
+        complete document; a record arriving later makes the next read rebuild it."""
+        upstream, proxy = proxied
+        stats = proxy.app[STATS]
+        for i in range(3000):
+            stats.add(Record(id=f"r-{i}", ts="t", method="POST", path="/v1/chat/completions",
+                             kind=Kind.TOOL if i % 2 else Kind.CHAT, ttft_ms=float(i)))
+        builds = []
+        steps = stats.snapshot_steps
+        monkeypatch.setattr(stats, "snapshot_steps", lambda: builds.append(1) or steps())
+        resps = await asyncio.gather(*(proxy.client.get("/stats") for _ in range(4)))
+        bodies = [await r.read() for r in resps]
+        assert all(r.status == 200 for r in resps)
+        assert len(set(bodies)) == 1
+        assert len(builds) == 1
+        doc = orjson.loads(bodies[0])
+        assert doc["requests"] == 3000
+        assert doc["kinds"]["tool"]["ttft_ms"]["p50"] == 1500.0
+        upstream.script = replay(load_recording("chat_stream"))
+        await (await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)).read()
+        await _wait_record(proxy)
+        assert (await (await proxy.client.get("/stats")).json())["requests"] == 3001
+        assert len(builds) == 2
 
 
 class TestUpstreamConnections:

@@ -207,6 +207,46 @@ class TestStats:
         assert len(gc.get_objects()) - before < 100
         assert stats.snapshot()["kinds"]["tool"]["ttft_ms"]["p50"] == 500.0
 
+    def test_snapshot_in_steps_gives_the_same_document(self) -> None:
+        """snapshot_steps yields once per field of each window (each step sorts one
+        column) and returns exactly what snapshot() returns."""
+        stats = Stats(since="s", window=50)
+        for i in range(80):
+            stats.add(rec(i, Kind.TOOL if i % 3 else Kind.CHAT, ttft_ms=float(i % 17),
+                          prefill_ms=float(i), cache_n=i, prompt_tokens=2 * i + 1))
+        steps = stats.snapshot_steps()
+        yields = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                doc = done.value
+                break
+            yields += 1
+        assert yields == 2 * len(SUMMARY_FIELDS)
+        assert doc == stats.snapshot()
+
+    def test_snapshot_steps_keep_the_state_they_started_with(self) -> None:
+        """Records added while a stepwise snapshot is under way neither break it (no
+        mutated-deque error) nor enter it: the document is the state at its start."""
+        stats = Stats(since="s", recent=3, window=5)
+        for i in range(5):
+            stats.add(rec(i, Kind.CHAT, ttft_ms=1.0))
+        steps = stats.snapshot_steps()
+        next(steps)
+        for i in range(5, 20):
+            stats.add(rec(i, Kind.CHAT, ttft_ms=100.0))
+        doc = None
+        while doc is None:
+            try:
+                next(steps)
+            except StopIteration as done:
+                doc = done.value
+        assert doc["requests"] == 5
+        assert doc["kinds"]["chat"]["ttft_ms"]["p99"] == 1.0
+        assert [r["id"] for r in doc["recent"]] == ["r-4", "r-3", "r-2"]
+        assert stats.snapshot()["kinds"]["chat"]["ttft_ms"]["p50"] == 100.0
+
     def test_recent_bounded_newest_first(self) -> None:
         """recent keeps the last N records whole, newest first."""
         stats = Stats(since="s", recent=3)

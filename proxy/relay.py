@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import secrets
+import random
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -118,7 +118,7 @@ class Relay:
         flight = _Flight(
             t0=self._clock(),
             ts=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            id=secrets.token_hex(8),
+            id=f"{_ids.getrandbits(64):016x}",
             facts=analyse_request(request.method, request.path, b""),
         )
         try:
@@ -333,6 +333,10 @@ def _client_gone(flight: _Flight) -> Outcome:
 
 
 _SSE = "text/event-stream"
+# Request ids only need to be unique, not secret: a PRNG seeded from the OS once, where
+# secrets.token_hex made a getrandom system call per request (about 3% of the proxy's CPU
+# on back-to-back requests in the bench profile).
+_ids = random.Random()
 _NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Content-Type"})
 
 

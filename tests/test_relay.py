@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 from typing import Any
 
@@ -101,6 +102,22 @@ class TestReplayedRecordings:
         assert r.kind is Kind.CHAT and r.stream is True
         assert r.ttft_ms is not None and r.ttfb_ms is not None and r.e2e_ms is not None
         assert r.ttfb_ms <= r.ttft_ms <= r.e2e_ms
+
+
+    async def test_request_ids_are_distinct_64_bit_hex(self, proxied: Proxied) -> None:
+        """Each request gets its own id, 16 lowercase hex digits, sent to the agent in the
+        response header and used as the record's id."""
+        upstream, proxy = proxied
+        upstream.script = json_response(200, b'{"ok":true}')
+        ids = []
+        for _ in range(40):
+            resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+            await resp.read()
+            ids.append(resp.headers[REQUEST_ID_HEADER])
+        await _wait_record(proxy, 40)
+        assert len(set(ids)) == 40
+        assert all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids)
+        assert [r.id for r in proxy.captured.records] == ids
 
 
 class TestRequestForwarding:

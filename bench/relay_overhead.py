@@ -1192,8 +1192,10 @@ def report(res: dict[str, Any]) -> str:
                              "closes the connection after each stream, like llama-server "
                              "(with `Connection: close`)") + ".  ",
         f"Processes: load client + {', '.join(modes)} + fake upstream on "
-        f"{m['nproc']} cores: they compete for CPU. `{BARE}` is a reference (a minimal "
-        "aiohttp relay with no analysis, no timeouts, no log), not timing-proxy.  ",
+        f"{m['nproc']} cores: they compete for CPU. References, not timing-proxy: `{BARE}` "
+        f"(a minimal aiohttp relay with no analysis, no timeouts, no log), `{LEAN}` (its "
+        f"aiohttp server with an httptools upstream client), `{SPLICE}` (bytes copied "
+        "between sockets, no HTTP).  ",
         f"Machine busy before start: {m.get('busy_cores_before_start', 0):.2f} cores. "
         "Other processes on the machine (CPU cores busy, average per step): "
         + ", ".join(f"{step} {_other_load(res[step]):.2f}"

@@ -119,14 +119,17 @@ class ProxyProcess:
     log_file: Path
     proc: subprocess.Popen[bytes]
 
+    def events(self) -> list[dict[str, Any]]:
+        """The log's events so far. A line the proxy is still writing is left for the next
+        call: a reader can see part of a ``write`` to a file, so only lines ending in a
+        newline are whole."""
+        text = self.log_file.read_text()
+        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
     def records(self) -> dict[str, dict[str, Any]]:
         """request_completed lines by request id."""
-        out = {}
-        for line in self.log_file.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "request_completed":
-                out[event["id"]] = event
-        return out
+        return {event["id"]: event for event in self.events()
+                if event.get("event") == "request_completed"}
 
     def record(self, request_id: str, within: float = 5.0) -> dict[str, Any]:
         """Wait for the record of one request (it is written when the exchange ends)."""

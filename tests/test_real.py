@@ -258,8 +258,7 @@ class TestSchemaAccounting:
             stats = json.loads(resp.read())
         schema = stats["schemas"]["by_hash"][again["schema_hash"]]
         assert schema["prefilled_again"] >= 1 and schema["calls"] >= 2
-        events = [json.loads(line) for line in proxy_process.log_file.read_text().splitlines()]
-        flagged = [e for e in events if e.get("event") == "schema_prefilled_again"]
+        flagged = [e for e in proxy_process.events() if e.get("event") == "schema_prefilled_again"]
         assert any(e["id"] == again["id"] for e in flagged)
 
     def test_tool_call_tokens(self, proxy_process: ProxyProcess, llama_server: LlamaServer

@@ -9,8 +9,9 @@ The same :func:`summarize` serves ``/stats`` and ``timing-proxy report``.
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter, deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from proxy.record import Kind, Record
@@ -92,6 +93,7 @@ def summarize(records: Iterable[Record]) -> dict[str, Any]:
 
 _Row = tuple[float | None, ...]
 """A record's :data:`SUMMARY_FIELDS`, in that order: what a window keeps of it."""
+_summary_row: Callable[[Record], _Row] = operator.attrgetter(*SUMMARY_FIELDS)
 
 
 class Stats:
@@ -123,7 +125,7 @@ class Stats:
         self._kinds[str(record.kind)] += 1
         window = self._windows.get(record.kind)
         if window is not None:
-            window.append(tuple([getattr(record, name) for name in SUMMARY_FIELDS]))
+            window.append(_summary_row(record))
         self._recent.append(record)
         if record.cache_n is not None and record.prompt_tokens is not None:
             self._cache_n += record.cache_n

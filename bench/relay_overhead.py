@@ -76,27 +76,57 @@ REFERENCES = frozenset({BARE, SPLICE, LEAN})
 # llama-shaped bytes (compact JSON, key order of llama-server's chat completion chunks)
 
 _ID = b"chatcmpl-A02QtP5EbemMQDC05JRPzJTCrKUnGAiK"
-_TAIL = (b'"created":1796010009,"id":"' + _ID
-         + b'","model":"m","system_fingerprint":"b0","object":"chat.completion.chunk"')
-_TOKENS = [b'" The"', b'" quick"', b'" brown"', b'" fox"', b'","', b'" jumps"', b'"\\n"',
-           b'" over"', b'" 12"', b'"!"', b'" lazy"', b'" dog"']
-ROLE_EVENT = (b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant",'
-              b'"content":null}}],' + _TAIL + b"}\n\n")
-TOKEN_EVENTS = [b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":' + t
-                + b"}}]," + _TAIL + b"}\n\n" for t in _TOKENS]
+_TAIL = (
+    b'"created":1796010009,"id":"'
+    + _ID
+    + b'","model":"m","system_fingerprint":"b0","object":"chat.completion.chunk"'
+)
+_TOKENS = [
+    b'" The"',
+    b'" quick"',
+    b'" brown"',
+    b'" fox"',
+    b'","',
+    b'" jumps"',
+    b'"\\n"',
+    b'" over"',
+    b'" 12"',
+    b'"!"',
+    b'" lazy"',
+    b'" dog"',
+]
+ROLE_EVENT = (
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant",'
+    b'"content":null}}],' + _TAIL + b"}\n\n"
+)
+TOKEN_EVENTS = [
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
+    + t
+    + b"}}],"
+    + _TAIL
+    + b"}\n\n"
+    for t in _TOKENS
+]
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def _timings(n: int) -> bytes:
-    return (b'"timings":{"cache_n":0,"prompt_n":40,"prompt_ms":194.973,'
-            b'"prompt_per_token_ms":4.874325,"prompt_per_second":205.156611,'
-            b'"predicted_n":%d,"predicted_ms":%.3f,"predicted_per_token_ms":24.07,'
-            b'"predicted_per_second":41.539}' % (n, n * 24.07))
+    return (
+        b'"timings":{"cache_n":0,"prompt_n":40,"prompt_ms":194.973,'
+        b'"prompt_per_token_ms":4.874325,"prompt_per_second":205.156611,'
+        b'"predicted_n":%d,"predicted_ms":%.3f,"predicted_per_token_ms":24.07,'
+        b'"predicted_per_second":41.539}' % (n, n * 24.07)
+    )
 
 
 def final_event(n: int) -> bytes:
-    return (b'data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],' + _TAIL
-            + b"," + _timings(n) + b"}\n\n")
+    return (
+        b'data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],'
+        + _TAIL
+        + b","
+        + _timings(n)
+        + b"}\n\n"
+    )
 
 
 def token_event(i: int) -> bytes:
@@ -105,19 +135,29 @@ def token_event(i: int) -> bytes:
 
 def stamped_token_event(i: int) -> bytes:
     """A token event carrying the upstream's CLOCK_MONOTONIC (``"t_ns"``), taken just now."""
-    return (b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
-            + _TOKENS[i % len(_TOKENS)] + b"}}]," + _TAIL + b',"t_ns":%d}\n\n'
-            % time.monotonic_ns())
+    return (
+        b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
+        + _TOKENS[i % len(_TOKENS)]
+        + b"}}],"
+        + _TAIL
+        + b',"t_ns":%d}\n\n' % time.monotonic_ns()
+    )
 
 
 def plain_body(n: int) -> bytes:
     content = b"".join(_TOKENS[i % len(_TOKENS)][1:-1] for i in range(n))
-    return (b'{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant",'
-            b'"content":"' + content + b'"}}],"created":1796010011,"model":"m",'
-            b'"system_fingerprint":"b0","object":"chat.completion","usage":{'
-            b'"completion_tokens":%d,"prompt_tokens":40,"total_tokens":%d,'
-            b'"prompt_tokens_details":{"cached_tokens":0}},"id":"' % (n, n + 40)
-            + _ID + b'",' + _timings(n) + b"}")
+    return (
+        b'{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant",'
+        b'"content":"' + content + b'"}}],"created":1796010011,"model":"m",'
+        b'"system_fingerprint":"b0","object":"chat.completion","usage":{'
+        b'"completion_tokens":%d,"prompt_tokens":40,"total_tokens":%d,'
+        b'"prompt_tokens_details":{"cached_tokens":0}},"id":"'
+        % (n, n + 40)
+        + _ID
+        + b'",'
+        + _timings(n)
+        + b"}"
+    )
 
 
 def sse_events(n: int) -> int:
@@ -161,8 +201,12 @@ def run_upstream(keep_streams_alive: bool = False) -> None:
     import orjson
     from aiohttp import web
 
-    sse_headers = {"Server": "llama.cpp", "Access-Control-Allow-Origin": "",
-                   "X-Accel-Buffering": "no", "Content-Type": "text/event-stream"}
+    sse_headers = {
+        "Server": "llama.cpp",
+        "Access-Control-Allow-Origin": "",
+        "X-Accel-Buffering": "no",
+        "Content-Type": "text/event-stream",
+    }
     plain_cache: dict[int, bytes] = {}
 
     async def chat(request: web.Request) -> web.StreamResponse:
@@ -172,9 +216,14 @@ def run_upstream(keep_streams_alive: bool = False) -> None:
             data = plain_cache.get(n)
             if data is None:
                 data = plain_cache[n] = plain_body(n)
-            return web.Response(body=data, headers={
-                "Server": "llama.cpp", "Access-Control-Allow-Origin": "",
-                "Content-Type": "application/json; charset=utf-8"})
+            return web.Response(
+                body=data,
+                headers={
+                    "Server": "llama.cpp",
+                    "Access-Control-Allow-Origin": "",
+                    "Content-Type": "application/json; charset=utf-8",
+                },
+            )
         interval = float(body.get("bench_interval_ms", 0)) / 1000
         stamp = bool(body.get("bench_stamp"))
         resp = web.StreamResponse(headers=sse_headers)
@@ -207,8 +256,19 @@ def run_upstream(keep_streams_alive: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # role: a bare aiohttp relay (reference: the floor cost of relaying with aiohttp here)
 
-_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host",
-                  "te", "trailer", "upgrade", "proxy-connection"})
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "host",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-connection",
+    }
+)
 
 
 def relay_app(handle: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -229,21 +289,28 @@ def run_bare_relay(upstream: str, port: int) -> None:
     from aiohttp import web
 
     async def main() -> None:
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                        auto_decompress=False)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
+        )
         stream_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True), auto_decompress=False)
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), auto_decompress=False
+        )
 
         async def handle(request: web.Request) -> web.StreamResponse:
             body = await request.read()
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
             use = stream_session if b'"stream":true' in body else session
-            async with use.request(request.method, upstream + request.raw_path,
-                                       data=body or None, headers=headers,
-                                       skip_auto_headers=("User-Agent", "Accept",
-                                                          "Content-Type")) as up:
-                resp = web.StreamResponse(status=up.status, headers={
-                    k: v for k, v in up.headers.items() if k.lower() not in _HOP})
+            async with use.request(
+                request.method,
+                upstream + request.raw_path,
+                data=body or None,
+                headers=headers,
+                skip_auto_headers=("User-Agent", "Accept", "Content-Type"),
+            ) as up:
+                resp = web.StreamResponse(
+                    status=up.status,
+                    headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP},
+                )
                 if up.content_length is not None:
                     resp.content_length = up.content_length
                 await resp.prepare(request)
@@ -327,8 +394,7 @@ def run_lean_relay(upstream: str, port: int) -> None:
             if not conn.closed:
                 conn.reset()
                 return conn
-        _t, conn = await asyncio.get_running_loop().create_connection(
-            Upstream, host, int(up_port))
+        _t, conn = await asyncio.get_running_loop().create_connection(Upstream, host, int(up_port))
         return conn
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -340,9 +406,14 @@ def run_lean_relay(upstream: str, port: int) -> None:
         head.append(f"Content-Length: {len(body)}\r\n\r\n")
         conn.transport.write("".join(head).encode("latin-1") + body)
         await conn.head
-        resp = web.StreamResponse(status=conn.status, headers={
-            k.decode("latin-1"): v.decode("latin-1") for k, v in conn.headers
-            if k.lower() not in hop})
+        resp = web.StreamResponse(
+            status=conn.status,
+            headers={
+                k.decode("latin-1"): v.decode("latin-1")
+                for k, v in conn.headers
+                if k.lower() not in hop
+            },
+        )
         for k, v in conn.headers:
             if k.lower() == b"content-length":
                 resp.content_length = int(v)
@@ -390,8 +461,9 @@ def run_tcp_splice(upstream: str, port: int) -> None:
             self.pending: list[bytes] = []
             self.up: asyncio.Transport | None = None
             loop = asyncio.get_running_loop()
-            task = loop.create_task(loop.create_connection(
-                lambda: Upstream(transport), host, int(up_port)))
+            task = loop.create_task(
+                loop.create_connection(lambda: Upstream(transport), host, int(up_port))
+            )
             task.add_done_callback(self._connected)
 
         def _connected(self, task: asyncio.Task[Any]) -> None:
@@ -481,8 +553,12 @@ class Proc:
 
 
 def _start_role(name: str, *args: str) -> Proc:
-    popen = subprocess.Popen([PY, str(Path(__file__).resolve()), "--role", *args],
-                             cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    popen = subprocess.Popen(
+        [PY, str(Path(__file__).resolve()), "--role", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     assert popen.stdout is not None
     line = popen.stdout.readline().decode()
     if not line.startswith("PORT "):
@@ -510,15 +586,15 @@ def start_tcp_splice(upstream: str) -> Proc:
 
 UVLOOP_LAUNCHER = (
     "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
-    "from proxy.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from proxy.commands.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
-def start_proxy(name: str, upstream: str, config: Path, log_file: Path | None,
-                uvloop: bool) -> Proc:
+def start_proxy(
+    name: str, upstream: str, config: Path, log_file: Path | None, uvloop: bool
+) -> Proc:
     port = free_port()
-    args = ["serve", "--config", str(config), "--listen", f"{HOST}:{port}",
-            "--upstream", upstream]
+    args = ["serve", "--config", str(config), "--listen", f"{HOST}:{port}", "--upstream", upstream]
     if log_file is not None:
         args += ["--log-file", str(log_file)]
     cmd = [PY, "-c", UVLOOP_LAUNCHER, *args] if uvloop else [PY, "-m", "proxy", *args]
@@ -567,21 +643,29 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
-    return {"n": len(values), "p50": pct(values, 50), "p90": pct(values, 90),
-            "p99": pct(values, 99), "mean": statistics.fmean(values) if values else
-            float("nan"), "max": max(values) if values else float("nan")}
+    return {
+        "n": len(values),
+        "p50": pct(values, 50),
+        "p90": pct(values, 90),
+        "p99": pct(values, 99),
+        "mean": statistics.fmean(values) if values else float("nan"),
+        "max": max(values) if values else float("nan"),
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # client side
 
 
-def chat_body(tokens: int, stream: bool, interval_ms: float = 0.0, stamp: bool = False
-              ) -> bytes:
+def chat_body(tokens: int, stream: bool, interval_ms: float = 0.0, stamp: bool = False) -> bytes:
     import orjson
 
-    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                            "max_tokens": tokens, "stream": stream}
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": tokens,
+        "stream": stream,
+    }
     if interval_ms:
         body["bench_interval_ms"] = interval_ms
     if stamp:
@@ -618,11 +702,11 @@ async def stamped_stream(session: Any, url: str, body: bytes, delays: list[float
                 if i < 0:
                     break
                 ev = buf[:i]
-                buf = buf[i + 2:]
+                buf = buf[i + 2 :]
                 events += 1
                 j = ev.find(b'"t_ns":')
                 if j >= 0:
-                    delays.append((now - int(ev[j + 7:ev.index(b"}", j)])) / 1e6)
+                    delays.append((now - int(ev[j + 7 : ev.index(b"}", j)])) / 1e6)
     if buf:
         raise RuntimeError("stream ended mid-event")
     return events
@@ -667,16 +751,19 @@ class Bench:
 
     async def latency(self) -> dict[str, Any]:
         a = self.args
-        kinds = {"stream": chat_body(a.stream_tokens, True),
-                 "plain": chat_body(a.stream_tokens, False)}
+        kinds = {
+            "stream": chat_body(a.stream_tokens, True),
+            "plain": chat_body(a.stream_tokens, False),
+        }
         modes = self.modes
         sessions = {"stream": self.session, "plain": self.plain_session}
         # warm-up, and check that the proxy relays the bytes unchanged
         for kind, body in kinds.items():
             got: dict[str, bytes] = {}
             for _ in range(max(1, a.warmup)):
-                got = {m: (await timed_request(sessions[kind], self.url(m), body))[1]
-                       for m in modes}
+                got = {
+                    m: (await timed_request(sessions[kind], self.url(m), body))[1] for m in modes
+                }
             if len(set(got.values())) != 1:
                 raise RuntimeError(f"{kind}: proxied body differs from direct body")
         times: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in kinds}
@@ -692,14 +779,18 @@ class Bench:
                     times[kind][m].append(ms)
         elapsed = time.perf_counter() - t0
         cpu1 = self.cpu_all()
-        out: dict[str, Any] = {"rounds": a.rounds, "warmup": a.warmup,
-                               "proxy_cpu_us_per_request": {
-                                   m: (cpu1[m] - cpu0[m]) / (len(kinds) * a.rounds) * 1e6
-                                   for m in self.proxies},
-                               "tokens": a.stream_tokens,
-                               "stream_sse_events": sse_events(a.stream_tokens),
-                               "plain_body_bytes": len(plain_body(a.stream_tokens)),
-                               "seconds": elapsed, "kinds": {}}
+        out: dict[str, Any] = {
+            "rounds": a.rounds,
+            "warmup": a.warmup,
+            "proxy_cpu_us_per_request": {
+                m: (cpu1[m] - cpu0[m]) / (len(kinds) * a.rounds) * 1e6 for m in self.proxies
+            },
+            "tokens": a.stream_tokens,
+            "stream_sse_events": sse_events(a.stream_tokens),
+            "plain_body_bytes": len(plain_body(a.stream_tokens)),
+            "seconds": elapsed,
+            "kinds": {},
+        }
         for kind in kinds:
             direct = times[kind]["direct"]
             k: dict[str, Any] = {"direct_ms": summary(direct)}
@@ -709,8 +800,10 @@ class Bench:
                 k[f"{m}_ms"] = summary(prox)
                 q = max(1, len(direct) // 4)
                 k[f"{m}_added_ms"] = {
-                    "blocks_p50": [pct(prox[i:i + q], 50) - pct(direct[i:i + q], 50)
-                                   for i in range(0, len(direct) - q + 1, q)][:4],
+                    "blocks_p50": [
+                        pct(prox[i : i + q], 50) - pct(direct[i : i + q], 50)
+                        for i in range(0, len(direct) - q + 1, q)
+                    ][:4],
                     "median_diff": pct(prox, 50) - pct(direct, 50),
                     "p90_diff": pct(prox, 90) - pct(direct, 90),
                     "p99_diff": pct(prox, 99) - pct(direct, 99),
@@ -734,14 +827,18 @@ class Bench:
                 got = await stamped_stream(self.session, self.url(m), body, delays[m])
                 events[m] += got
         cpu1 = self.cpu_all()
-        out: dict[str, Any] = {"streams_per_mode": a.paced_rounds, "tokens": a.paced_tokens,
-                               "interval_ms": a.paced_interval_ms,
-                               "direct_ms": summary(delays["direct"])}
+        out: dict[str, Any] = {
+            "streams_per_mode": a.paced_rounds,
+            "tokens": a.paced_tokens,
+            "interval_ms": a.paced_interval_ms,
+            "direct_ms": summary(delays["direct"]),
+        }
         for m in self.proxies:
             out[f"{m}_ms"] = summary(delays[m])
             out[f"{m}_added_ms"] = {
                 q: pct(delays[m], n) - pct(delays["direct"], n)
-                for q, n in (("p50", 50), ("p90", 90), ("p99", 99))}
+                for q, n in (("p50", 50), ("p90", 90), ("p99", 99))
+            }
             ev = events[m]
             out[f"{m}_proxy_cpu_us_per_event"] = (cpu1[m] - cpu0[m]) / ev * 1e6
         return out
@@ -768,24 +865,35 @@ class Bench:
                 if not tail.endswith(DONE_EVENT):
                     raise RuntimeError(f"{m}: long stream did not end with [DONE]")
                 sizes.add(size)
-                run = {"seconds": secs, "events_per_s": n_events / secs,
-                       "upstream_cpu_s": cpu1["upstream"] - cpu0["upstream"],
-                       "client_cpu_s": cpu1["client"] - cpu0["client"]}
+                run = {
+                    "seconds": secs,
+                    "events_per_s": n_events / secs,
+                    "upstream_cpu_s": cpu1["upstream"] - cpu0["upstream"],
+                    "client_cpu_s": cpu1["client"] - cpu0["client"],
+                }
                 if m != "direct":
                     run["proxy_cpu_s"] = cpu1[m] - cpu0[m]
                     run["proxy_cpu_us_per_event"] = run["proxy_cpu_s"] / n_events * 1e6
                 runs[m].append(run)
         if len(sizes) != 1:
             raise RuntimeError(f"long stream sizes differ: {sizes}")
-        out: dict[str, Any] = {"tokens": a.long_tokens, "sse_events": n_events,
-                               "bytes": sizes.pop(), "runs_per_mode": a.long_runs,
-                               "headline": "median of runs", "modes": {}}
+        out: dict[str, Any] = {
+            "tokens": a.long_tokens,
+            "sse_events": n_events,
+            "bytes": sizes.pop(),
+            "runs_per_mode": a.long_runs,
+            "headline": "median of runs",
+            "modes": {},
+        }
         med_direct = statistics.median(r["events_per_s"] for r in runs["direct"])
         best_direct = max(r["events_per_s"] for r in runs["direct"])
         for m in self.modes:
             eps = [r["events_per_s"] for r in runs[m]]
-            entry: dict[str, Any] = {"runs": runs[m], "events_per_s_median": statistics.median(eps),
-                                     "events_per_s_best": max(eps)}
+            entry: dict[str, Any] = {
+                "runs": runs[m],
+                "events_per_s_median": statistics.median(eps),
+                "events_per_s_best": max(eps),
+            }
             if m != "direct":
                 entry["ratio_median"] = entry["events_per_s_median"] / med_direct
                 entry["ratio_best"] = entry["events_per_s_best"] / best_direct
@@ -793,7 +901,8 @@ class Bench:
                 entry["proxy_cpu_us_per_event_median"] = statistics.median(cpu)
                 entry["proxy_cpu_total_s"] = sum(r["proxy_cpu_s"] for r in runs[m])
                 entry["proxy_cpu_us_per_event_all_runs"] = (
-                    entry["proxy_cpu_total_s"] / (n_events * len(runs[m])) * 1e6)
+                    entry["proxy_cpu_total_s"] / (n_events * len(runs[m])) * 1e6
+                )
             out["modes"][m] = entry
         return out
 
@@ -826,9 +935,13 @@ class Bench:
             cpu1 = self.cpu_all()
         cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
         out: dict[str, Any] = {
-            "concurrency": concurrency, "tokens_per_request": a.robot_tokens,
-            "rate_tok_s": ROBOT_RATE, "seconds": secs, "requests": counts["requests"],
-            "events": counts["events"], "events_per_s": counts["events"] / secs,
+            "concurrency": concurrency,
+            "tokens_per_request": a.robot_tokens,
+            "rate_tok_s": ROBOT_RATE,
+            "seconds": secs,
+            "requests": counts["requests"],
+            "events": counts["events"],
+            "events_per_s": counts["events"] / secs,
             "delay_ms": summary(delays),
             "cpu_s": {"upstream": cpu["upstream"], "client": cpu["client"]},
         }
@@ -852,11 +965,13 @@ class Bench:
             for m in self.proxies:
                 level[m]["added_delay_ms"] = {
                     q: level[m]["delay_ms"][q] - level["direct"]["delay_ms"][q]
-                    for q in ("p50", "p90", "p99")}
+                    for q in ("p50", "p90", "p99")
+                }
             out["levels"][str(c)] = level
         for m in self.proxies:  # the headline: the least streams per core of all levels
             out[f"{m}_streams_per_core_at_30_tok_s"] = min(
-                lv[m]["streams_per_core_at_30_tok_s"] for lv in out["levels"].values())
+                lv[m]["streams_per_core_at_30_tok_s"] for lv in out["levels"].values()
+            )
         return out
 
 
@@ -868,13 +983,15 @@ def tracker_cpu(tokens: int, reps: int) -> dict[str, Any]:
     import orjson
 
     sys.path.insert(0, str(ROOT))
-    from proxy.sse import SSEFramer
-    from proxy.tracker import StreamTracker
+    from proxy.core.sse import SSEFramer
+    from proxy.core.tracker import StreamTracker
 
     events = stream_events(tokens)
     n = len(events)
-    chunkings = {"1_event_per_chunk": events,
-                 "4_events_per_chunk": [b"".join(events[i:i + 4]) for i in range(0, n, 4)]}
+    chunkings = {
+        "1_event_per_chunk": events,
+        "4_events_per_chunk": [b"".join(events[i : i + 4]) for i in range(0, n, 4)],
+    }
 
     def timeit(fn: Callable[[], object]) -> dict[str, float]:
         cpu_us: list[float] = []
@@ -886,22 +1003,34 @@ def tracker_cpu(tokens: int, reps: int) -> dict[str, Any]:
             c1, w1 = time.process_time(), time.perf_counter()
             cpu_us.append((c1 - c0) / n * 1e6)
             wall_us.append((w1 - w0) / n * 1e6)
-        return {"cpu_us_per_event_min": min(cpu_us),
-                "cpu_us_per_event_median": statistics.median(cpu_us),
-                "wall_us_per_event_min": min(wall_us),
-                "wall_us_per_event_median": statistics.median(wall_us)}
+        return {
+            "cpu_us_per_event_min": min(cpu_us),
+            "cpu_us_per_event_median": statistics.median(cpu_us),
+            "wall_us_per_event_min": min(wall_us),
+            "wall_us_per_event_median": statistics.median(wall_us),
+        }
 
-    out: dict[str, Any] = {"tokens": tokens, "sse_events": n, "reps": reps,
-                           "bytes": sum(map(len, events))}
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        "sse_events": n,
+        "reps": reps,
+        "bytes": sum(map(len, events)),
+    }
     for name, chunks in chunkings.items():
+
         def run_tracker(chunks: list[bytes] = chunks) -> object:
             tr = StreamTracker(time.perf_counter(), sse=True)
             feed = tr.feed
             for c in chunks:
                 feed(c)
             obs = tr.finish()
-            if obs.events != n or not obs.done or obs.timings is None \
-                    or obs.token_events != tokens or obs.analysis_error is not None:
+            if (
+                obs.events != n
+                or not obs.done
+                or obs.timings is None
+                or obs.token_events != tokens
+                or obs.analysis_error is not None
+            ):
                 raise RuntimeError(f"tracker saw the stream wrongly: {obs}")
             return obs
 
@@ -914,8 +1043,11 @@ def tracker_cpu(tokens: int, reps: int) -> dict[str, Any]:
                 raise RuntimeError("framer miscounted")
             return fr
 
-        out[name] = {"tracker": timeit(run_tracker), "framer_only": timeit(run_framer),
-                     "chunks": len(chunks)}
+        out[name] = {
+            "tracker": timeit(run_tracker),
+            "framer_only": timeit(run_framer),
+            "chunks": len(chunks),
+        }
     datas = [e[6:-2] for e in events]
 
     def parse_all() -> None:
@@ -936,52 +1068,127 @@ CATEGORIES: list[tuple[str, Callable[[str, str], bool]]] = [
     ("proxy/sse.py", lambda fn, f: f.endswith("proxy/sse.py")),
     ("orjson (native)", lambda fn, f: "orjson" in f),
     ("proxy/relay.py", lambda fn, f: f.endswith("proxy/relay.py")),
-    ("proxy record + log line (assemble, record, stats, logs, structlog, metrics)",
-     lambda fn, f: any(s in f for s in ("proxy/assemble.py", "proxy/record.py",
-                                        "proxy/stats.py", "proxy/logs.py", "proxy/metrics",
-                                        "structlog/", "prometheus_client/"))),
-    ("aiohttp write path (StreamResponse.write, http_writer)",
-     lambda fn, f: "aiohttp/http_writer.py" in f
-     or ("aiohttp/web_response.py" in f and fn.rsplit(".", 1)[-1] in ("write", "_write",
-                                                                       "drain"))),
-    ("aiohttp read path (streams, client_proto, http parser)",
-     lambda fn, f: any(s in f for s in ("aiohttp/streams.py", "aiohttp/client_proto.py",
-                                        "aiohttp/_http_parser", "aiohttp/http_parser.py"))),
-    ("aiohttp request handling (web_protocol, client request)",
-     lambda fn, f: any(s in f for s in ("aiohttp/web_protocol.py", "aiohttp/client.py",
-                                        "aiohttp/client_reqrep.py", "aiohttp/connector.py",
-                                        "aiohttp/web_app.py"))),
-    ("asyncio transport write (incl. send)",
-     lambda fn, f: ("asyncio/selector_events.py" in f or "uvloop" in f)
-     and fn.rsplit(".", 1)[-1] in ("write", "writelines")),
-    ("socket send (kernel, incl. loopback delivery)",
-     lambda fn, f: fn in ("send", "sendmsg", "writev") and "libc" in f),
-    ("timeouts (asyncio.timeout enter/exit, timer heap)",
-     lambda fn, f: "asyncio/timeouts.py" in f
-     or (fn == "TimerHandle.__lt__" and "asyncio/events.py" in f)),
+    (
+        "proxy record + log line (assemble, record, stats, logs, structlog, metrics)",
+        lambda fn, f: any(
+            s in f
+            for s in (
+                "proxy/assemble.py",
+                "proxy/record.py",
+                "proxy/stats.py",
+                "proxy/logs.py",
+                "proxy/metrics",
+                "structlog/",
+                "prometheus_client/",
+            )
+        ),
+    ),
+    (
+        "aiohttp write path (StreamResponse.write, http_writer)",
+        lambda fn, f: (
+            "aiohttp/http_writer.py" in f
+            or (
+                "aiohttp/web_response.py" in f
+                and fn.rsplit(".", 1)[-1] in ("write", "_write", "drain")
+            )
+        ),
+    ),
+    (
+        "aiohttp read path (streams, client_proto, http parser)",
+        lambda fn, f: any(
+            s in f
+            for s in (
+                "aiohttp/streams.py",
+                "aiohttp/client_proto.py",
+                "aiohttp/_http_parser",
+                "aiohttp/http_parser.py",
+            )
+        ),
+    ),
+    (
+        "aiohttp request handling (web_protocol, client request)",
+        lambda fn, f: any(
+            s in f
+            for s in (
+                "aiohttp/web_protocol.py",
+                "aiohttp/client.py",
+                "aiohttp/client_reqrep.py",
+                "aiohttp/connector.py",
+                "aiohttp/web_app.py",
+            )
+        ),
+    ),
+    (
+        "asyncio transport write (incl. send)",
+        lambda fn, f: (
+            ("asyncio/selector_events.py" in f or "uvloop" in f)
+            and fn.rsplit(".", 1)[-1] in ("write", "writelines")
+        ),
+    ),
+    (
+        "socket send (kernel, incl. loopback delivery)",
+        lambda fn, f: fn in ("send", "sendmsg", "writev") and "libc" in f,
+    ),
+    (
+        "timeouts (asyncio.timeout enter/exit, timer heap)",
+        lambda fn, f: (
+            "asyncio/timeouts.py" in f or (fn == "TimerHandle.__lt__" and "asyncio/events.py" in f)
+        ),
+    ),
 ]
 
 
 _IDLE_LEAVES = frozenset({"epoll_wait", "epoll_pwait", "select_epoll_poll", "poll"})
-_SYSCALLS = frozenset({"send", "sendmsg", "sendto", "writev", "write", "recv", "recvfrom",
-                       "recvmsg", "read", "recv_into"})
+_SYSCALLS = frozenset(
+    {
+        "send",
+        "sendmsg",
+        "sendto",
+        "writev",
+        "write",
+        "recv",
+        "recvfrom",
+        "recvmsg",
+        "read",
+        "recv_into",
+    }
+)
 
 # Self attribution: each sample goes to the first frame, from the leaf up, that matches one
 # of these (in this order for that frame); the kernel side of loopback TCP is charged to send.
 SELF_CATEGORIES: list[tuple[str, Callable[[str, str], bool]]] = [
-    ("socket syscalls (send/recv; kernel loopback TCP)",
-     lambda fn, f: fn in _SYSCALLS and ("libc" in f or "libpthread" in f)),
+    (
+        "socket syscalls (send/recv; kernel loopback TCP)",
+        lambda fn, f: fn in _SYSCALLS and ("libc" in f or "libpthread" in f),
+    ),
     ("orjson (native)", lambda fn, f: "orjson" in f),
     ("proxy/sse.py", lambda fn, f: f.endswith("proxy/sse.py")),
-    ("proxy/tracker.py (incl. its regex and dataclass calls)",
-     lambda fn, f: f.endswith("proxy/tracker.py")),
-    ("proxy record + log line (assemble, record, stats, logs, structlog, metrics)",
-     lambda fn, f: any(s in f for s in ("proxy/assemble.py", "proxy/record.py",
-                                        "proxy/stats.py", "proxy/logs.py", "proxy/metrics",
-                                        "structlog/", "prometheus_client/"))),
-    ("proxy/relay.py, headers.py, request.py, app.py",
-     lambda fn, f: any(f.endswith(x) for x in ("proxy/relay.py", "proxy/headers.py",
-                                               "proxy/request.py", "proxy/app.py"))),
+    (
+        "proxy/tracker.py (incl. its regex and dataclass calls)",
+        lambda fn, f: f.endswith("proxy/tracker.py"),
+    ),
+    (
+        "proxy record + log line (assemble, record, stats, logs, structlog, metrics)",
+        lambda fn, f: any(
+            s in f
+            for s in (
+                "proxy/assemble.py",
+                "proxy/record.py",
+                "proxy/stats.py",
+                "proxy/logs.py",
+                "proxy/metrics",
+                "structlog/",
+                "prometheus_client/",
+            )
+        ),
+    ),
+    (
+        "proxy/relay.py, headers.py, request.py, app.py",
+        lambda fn, f: any(
+            f.endswith(x)
+            for x in ("proxy/relay.py", "proxy/headers.py", "proxy/request.py", "proxy/app.py")
+        ),
+    ),
     ("aiohttp", lambda fn, f: "aiohttp/" in f or "multidict" in f or "yarl" in f),
     ("asyncio event loop", lambda fn, f: "asyncio/" in f or "uvloop" in f),
 ]
@@ -1030,11 +1237,11 @@ def summarize_raw(path: Path, top: int = 20) -> dict[str, Any]:
         "samples": total,
         "idle_samples": idle,
         "self_by_category_pct": {n: round(100 * v / total, 1) for n, v in own_c.most_common()},
-        "categories_inclusive_pct": {n: round(100 * cat_c[n] / total, 1)
-                                     for n, _ in CATEGORIES},
+        "categories_inclusive_pct": {n: round(100 * cat_c[n] / total, 1) for n, _ in CATEGORIES},
         "top_self_pct": [(k, round(100 * v / total, 1)) for k, v in self_c.most_common(top)],
-        "top_inclusive_pct": [(k, round(100 * v / total, 1))
-                              for k, v in incl_c.most_common(top * 2)],
+        "top_inclusive_pct": [
+            (k, round(100 * v / total, 1)) for k, v in incl_c.most_common(top * 2)
+        ],
     }
 
 
@@ -1052,27 +1259,43 @@ async def profile(bench: Bench, results_dir: Path) -> dict[str, Any]:
         return {"error": "py-spy not installed (.venv/bin/pip install py-spy)"}
     proxy = bench.proxies["proxy"]
     a = bench.args
-    out: dict[str, Any] = {"py_spy": pyspy, "rate_hz": a.profile_rate,
-                           "seconds": a.profile_seconds}
+    out: dict[str, Any] = {"py_spy": pyspy, "rate_hz": a.profile_rate, "seconds": a.profile_seconds}
 
-    async def record(name: str, fmt: str, native: bool,
-                     workload: Callable[[float], Awaitable[object]]) -> dict[str, Any]:
+    async def record(
+        name: str, fmt: str, native: bool, workload: Callable[[float], Awaitable[object]]
+    ) -> dict[str, Any]:
         suffix = ".svg" if fmt == "flamegraph" else ".raw.txt"
         target = results_dir / f"profile-{name}{suffix}"
-        cmd = [pyspy, "record", "--pid", str(proxy.pid), "--duration", str(a.profile_seconds),
-               "--rate", str(a.profile_rate), "--format", fmt, "-o", str(target)]
+        cmd = [
+            pyspy,
+            "record",
+            "--pid",
+            str(proxy.pid),
+            "--duration",
+            str(a.profile_seconds),
+            "--rate",
+            str(a.profile_rate),
+            "--format",
+            fmt,
+            "-o",
+            str(target),
+        ]
         if native:
             cmd.append("--native")
-        spy = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.DEVNULL,
-                                                   stderr=subprocess.PIPE)
+        spy = await asyncio.create_subprocess_exec(
+            *cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         await asyncio.sleep(1.0)  # let it attach
         cpu0, t0 = proxy.cpu(), time.perf_counter()
         await workload(a.profile_seconds - 1.5)
         cpu1, t1 = proxy.cpu(), time.perf_counter()
         _, err = await spy.communicate()
-        entry: dict[str, Any] = {"file": str(target.relative_to(ROOT)),
-                                 "command": shlex.join(cmd), "native": native,
-                                 "proxy_cpu_share": (cpu1 - cpu0) / (t1 - t0)}
+        entry: dict[str, Any] = {
+            "file": str(target.relative_to(ROOT)),
+            "command": shlex.join(cmd),
+            "native": native,
+            "proxy_cpu_share": (cpu1 - cpu0) / (t1 - t0),
+        }
         if spy.returncode != 0 or not target.exists():
             entry["error"] = err.decode(errors="replace")[-500:]
         elif fmt == "raw":
@@ -1133,8 +1356,9 @@ def machine_info() -> dict[str, Any]:
 
     def git(*args: str) -> str | None:  # read-only git queries
         try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -1155,8 +1379,7 @@ def machine_info() -> dict[str, Any]:
 
 def command_line() -> str:
     try:
-        py = os.path.relpath(PY, ROOT) if not os.path.relpath(PY, ROOT).startswith("..") \
-            else PY
+        py = os.path.relpath(PY, ROOT) if not os.path.relpath(PY, ROOT).startswith("..") else PY
     except ValueError:
         py = PY
     script = os.path.relpath(Path(__file__).resolve(), ROOT)
@@ -1183,14 +1406,20 @@ def report(res: dict[str, Any]) -> str:
         f"Date: {res['timestamp']}  ",
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, "
         f"Python {m['python']}, aiohttp {m['aiohttp']}, orjson {m['orjson']}"
-        + (f", uvloop {m['uvloop']}" if m["uvloop"] else "") + "  ",
-        f"Code: {m['git_commit']}" + (" (proxy/ modified)" if m["proxy_dir_modified"] else "")
+        + (f", uvloop {m['uvloop']}" if m["uvloop"] else "")
+        + "  ",
+        f"Code: {m['git_commit']}"
+        + (" (proxy/ modified)" if m["proxy_dir_modified"] else "")
         + "  ",
         f"Command: `{res['command']}` ({res['runtime_s']:.0f} s)  ",
-        "Fake upstream: " + ("keeps connections alive after streams (unlike llama-server)"
-                             if res["args"].get("keep_streams_alive") else
-                             "closes the connection after each stream, like llama-server "
-                             "(with `Connection: close`)") + ".  ",
+        "Fake upstream: "
+        + (
+            "keeps connections alive after streams (unlike llama-server)"
+            if res["args"].get("keep_streams_alive")
+            else "closes the connection after each stream, like llama-server "
+            "(with `Connection: close`)"
+        )
+        + ".  ",
         f"Processes: load client + {', '.join(modes)} + fake upstream on "
         f"{m['nproc']} cores: they compete for CPU. References, not timing-proxy: `{BARE}` "
         f"(a minimal aiohttp relay with no analysis, no timeouts, no log), `{LEAN}` (its "
@@ -1198,51 +1427,81 @@ def report(res: dict[str, Any]) -> str:
         "between sockets, no HTTP).  ",
         f"Machine busy before start: {m.get('busy_cores_before_start', 0):.2f} cores. "
         "Other processes on the machine (CPU cores busy, average per step): "
-        + ", ".join(f"{step} {_other_load(res[step]):.2f}"
-                    for step in ("latency", "event_delay", "throughput", "robots")
-                    if "machine_cpu_s" in res.get(step, {})),
+        + ", ".join(
+            f"{step} {_other_load(res[step]):.2f}"
+            for step in ("latency", "event_delay", "throughput", "robots")
+            if "machine_cpu_s" in res.get(step, {})
+        ),
         "",
     ]
     lat = res.get("latency")
     thr = res.get("throughput")
     rob = res.get("robots")
     tgt = [
-        "| Target | " + " | ".join(f"{x} (reference)" if x in REFERENCES else x for x in modes)
-        + " | Met (" + ", ".join(judged) + ") |",
+        "| Target | "
+        + " | ".join(f"{x} (reference)" if x in REFERENCES else x for x in modes)
+        + " | Met ("
+        + ", ".join(judged)
+        + ") |",
         "|---|" + "---|" * len(modes) + "---|",
     ]
 
-    def row(label: str, values: list[float], fmt: Callable[[float], str],
-            ok: Callable[[float], bool]) -> None:
-        tgt.append(f"| {label} | " + " | ".join(fmt(v) for v in values) + " | "
-                   + ", ".join(_ok(ok(v)) for x, v in zip(modes, values, strict=True)
-                               if x not in REFERENCES) + " |")
+    def row(
+        label: str, values: list[float], fmt: Callable[[float], str], ok: Callable[[float], bool]
+    ) -> None:
+        tgt.append(
+            f"| {label} | "
+            + " | ".join(fmt(v) for v in values)
+            + " | "
+            + ", ".join(
+                _ok(ok(v)) for x, v in zip(modes, values, strict=True) if x not in REFERENCES
+            )
+            + " |"
+        )
 
     for kind in ("stream", "plain"):
         if not lat:
             break
         k = lat["kinds"][kind]
-        row(f"added p50 per request, {kind} (Δ medians, ms) ≤ {TARGET_ADDED_P50_MS}",
-            [k[f"{p}_added_ms"]["median_diff"] for p in modes], _f,
-            lambda v: v <= TARGET_ADDED_P50_MS)
-        row(f"added p99 per request, {kind} (p99 of paired Δ, ms) ≤ {TARGET_ADDED_P99_MS}",
-            [k[f"{p}_added_ms"]["paired"]["p99"] for p in modes], _f,
-            lambda v: v <= TARGET_ADDED_P99_MS)
+        row(
+            f"added p50 per request, {kind} (Δ medians, ms) ≤ {TARGET_ADDED_P50_MS}",
+            [k[f"{p}_added_ms"]["median_diff"] for p in modes],
+            _f,
+            lambda v: v <= TARGET_ADDED_P50_MS,
+        )
+        row(
+            f"added p99 per request, {kind} (p99 of paired Δ, ms) ≤ {TARGET_ADDED_P99_MS}",
+            [k[f"{p}_added_ms"]["paired"]["p99"] for p in modes],
+            _f,
+            lambda v: v <= TARGET_ADDED_P99_MS,
+        )
     if thr:
-        row(f"{thr['sse_events']:,}-event stream, proxied/direct events/s (median) "
+        row(
+            f"{thr['sse_events']:,}-event stream, proxied/direct events/s (median) "
             f"≥ {TARGET_THROUGHPUT_RATIO}",
-            [thr["modes"][p]["ratio_median"] for p in modes], lambda v: _f(v, 2),
-            lambda v: v >= TARGET_THROUGHPUT_RATIO)
+            [thr["modes"][p]["ratio_median"] for p in modes],
+            lambda v: _f(v, 2),
+            lambda v: v >= TARGET_THROUGHPUT_RATIO,
+        )
     if rob:
-        row(f"streams one core carries at 30 tok/s (robot load, least of "
+        row(
+            f"streams one core carries at 30 tok/s (robot load, least of "
             f"{'/'.join(rob['levels'])} concurrent) ≥ {TARGET_STREAMS_PER_CORE}",
-            [rob[f"{p}_streams_per_core_at_30_tok_s"] for p in modes], lambda v: f"{v:,.0f}",
-            lambda v: v >= TARGET_STREAMS_PER_CORE)
+            [rob[f"{p}_streams_per_core_at_30_tok_s"] for p in modes],
+            lambda v: f"{v:,.0f}",
+            lambda v: v >= TARGET_STREAMS_PER_CORE,
+        )
     if thr:
-        row(f"streams one core carries at 30 tok/s (long-stream CPU, coalesced reads; "
+        row(
+            f"streams one core carries at 30 tok/s (long-stream CPU, coalesced reads; "
             f"optimistic) ≥ {TARGET_STREAMS_PER_CORE}",
-            [1e6 / (thr["modes"][p]["proxy_cpu_us_per_event_all_runs"] * ROBOT_RATE)
-             for p in modes], lambda v: f"{v:,.0f}", lambda v: v >= TARGET_STREAMS_PER_CORE)
+            [
+                1e6 / (thr["modes"][p]["proxy_cpu_us_per_event_all_runs"] * ROBOT_RATE)
+                for p in modes
+            ],
+            lambda v: f"{v:,.0f}",
+            lambda v: v >= TARGET_STREAMS_PER_CORE,
+        )
     lines += ["### Targets", "", *tgt, ""]
     if lat:
         lines += _latency_section(lat, modes)
@@ -1264,31 +1523,45 @@ def _latency_section(lat: dict[str, Any], modes: list[str]) -> list[str]:
 
     lines += [
         f"### Latency per request (ms, wall time to the last body byte; {lat['rounds']} "
-        f"interleaved rounds after {lat['warmup']} warm-up)", "",
+        f"interleaved rounds after {lat['warmup']} warm-up)",
+        "",
         "| Response | Path | p50 | p90 | p99 | added: Δ p50 | Δ p99 | paired Δ p50 | "
         "paired Δ p99 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     cpu_req = lat["proxy_cpu_us_per_request"]
-    for kind, label in (("stream", f"streamed, {lat['stream_sse_events']} events"),
-                        ("plain", f"plain JSON, {lat['plain_body_bytes']} B")):
+    for kind, label in (
+        ("stream", f"streamed, {lat['stream_sse_events']} events"),
+        ("plain", f"plain JSON, {lat['plain_body_bytes']} B"),
+    ):
         k = lat["kinds"][kind]
         d = k["direct_ms"]
-        lines.append(f"| {label} | direct | {_f(d['p50'])} | {_f(d['p90'])} | {_f(d['p99'])} "
-                     "| | | | |")
+        lines.append(
+            f"| {label} | direct | {_f(d['p50'])} | {_f(d['p90'])} | {_f(d['p99'])} | | | | |"
+        )
         for p in modes:
             s, ad = k[f"{p}_ms"], k[f"{p}_added_ms"]
             lines.append(
                 f"| {label} | {p} | {_f(s['p50'])} | {_f(s['p90'])} | {_f(s['p99'])} | "
                 f"{_f(ad['median_diff'])} | {_f(ad['p99_diff'])} | {_f(ad['paired']['p50'])} "
-                f"| {_f(ad['paired']['p99'])} |")
-    lines += ["", "Relay CPU per request (mean of streamed and plain, µs): "
-              + ", ".join(f"{x} {cpu_req[x]:.0f}" for x in modes) + "  ",
-              "Added p50 (Δ medians) in each quarter of the rounds, min–max: "
-              + "; ".join(f"{kind} " + ", ".join(
-                  f"{x} {min(b):.3f}–{max(b):.3f}"
-                  for x in modes if (b := lat["kinds"][kind][f"{x}_added_ms"]["blocks_p50"]))
-                  for kind in ("stream", "plain"))]
+                f"| {_f(ad['paired']['p99'])} |"
+            )
+    lines += [
+        "",
+        "Relay CPU per request (mean of streamed and plain, µs): "
+        + ", ".join(f"{x} {cpu_req[x]:.0f}" for x in modes)
+        + "  ",
+        "Added p50 (Δ medians) in each quarter of the rounds, min–max: "
+        + "; ".join(
+            f"{kind} "
+            + ", ".join(
+                f"{x} {min(b):.3f}–{max(b):.3f}"
+                for x in modes
+                if (b := lat["kinds"][kind][f"{x}_added_ms"]["blocks_p50"])
+            )
+            for kind in ("stream", "plain")
+        ),
+    ]
     return lines
 
 
@@ -1296,7 +1569,8 @@ def _event_delay_section(ev: dict[str, Any], modes: list[str]) -> list[str]:
     lines = [
         "",
         f"### Per-event forwarding delay (ms, arrival − upstream stamp; {ev['streams_per_mode']}"
-        f" streams × {ev['tokens']} events at {ev['interval_ms']} ms per path)", "",
+        f" streams × {ev['tokens']} events at {ev['interval_ms']} ms per path)",
+        "",
         "| Path | p50 | p90 | p99 | added p50 | added p99 | relay CPU µs/event (one wake-up "
         "per event) |",
         "|---|---|---|---|---|---|---|",
@@ -1305,9 +1579,11 @@ def _event_delay_section(ev: dict[str, Any], modes: list[str]) -> list[str]:
     ]
     for p in modes:
         s, ad = ev[f"{p}_ms"], ev[f"{p}_added_ms"]
-        lines.append(f"| {p} | {_f(s['p50'])} | {_f(s['p90'])} | {_f(s['p99'])} | "
-                     f"{_f(ad['p50'])} | {_f(ad['p99'])} | "
-                     f"{_f(ev[f'{p}_proxy_cpu_us_per_event'], 1)} |")
+        lines.append(
+            f"| {p} | {_f(s['p50'])} | {_f(s['p90'])} | {_f(s['p99'])} | "
+            f"{_f(ad['p50'])} | {_f(ad['p99'])} | "
+            f"{_f(ev[f'{p}_proxy_cpu_us_per_event'], 1)} |"
+        )
     return lines
 
 
@@ -1315,7 +1591,8 @@ def _throughput_section(thr: dict[str, Any], modes: list[str]) -> list[str]:
     lines = [
         "",
         f"### One long stream ({thr['sse_events']:,} events, {thr['bytes']:,} B, as fast as "
-        f"possible; {thr['runs_per_mode']} runs per path, interleaved)", "",
+        f"possible; {thr['runs_per_mode']} runs per path, interleaved)",
+        "",
         "| Path | events/s median | events/s best | ratio (median) | ratio (best) | "
         "proxy CPU µs/event | upstream CPU s | client CPU s |",
         "|---|---|---|---|---|---|---|---|",
@@ -1325,14 +1602,18 @@ def _throughput_section(thr: dict[str, Any], modes: list[str]) -> list[str]:
         up = statistics.median(r["upstream_cpu_s"] for r in e["runs"])
         cl = statistics.median(r["client_cpu_s"] for r in e["runs"])
         if p == "direct":
-            lines.append(f"| direct | {e['events_per_s_median']:,.0f} | "
-                         f"{e['events_per_s_best']:,.0f} | | | | {_f(up, 2)} | {_f(cl, 2)} |")
+            lines.append(
+                f"| direct | {e['events_per_s_median']:,.0f} | "
+                f"{e['events_per_s_best']:,.0f} | | | | {_f(up, 2)} | {_f(cl, 2)} |"
+            )
         else:
-            lines.append(f"| {p} | {e['events_per_s_median']:,.0f} | "
-                         f"{e['events_per_s_best']:,.0f} | {_f(e['ratio_median'], 2)} | "
-                         f"{_f(e['ratio_best'], 2)} | "
-                         f"{_f(e['proxy_cpu_us_per_event_all_runs'], 1)} | "
-                         f"{_f(up, 2)} | {_f(cl, 2)} |")
+            lines.append(
+                f"| {p} | {e['events_per_s_median']:,.0f} | "
+                f"{e['events_per_s_best']:,.0f} | {_f(e['ratio_median'], 2)} | "
+                f"{_f(e['ratio_best'], 2)} | "
+                f"{_f(e['proxy_cpu_us_per_event_all_runs'], 1)} | "
+                f"{_f(up, 2)} | {_f(cl, 2)} |"
+            )
     return lines
 
 
@@ -1342,7 +1623,8 @@ def _robot_section(rob: dict[str, Any], modes: list[str], seconds: float) -> lis
         "",
         f"### Robot load (concurrent streams at {ROBOT_RATE:.0f} tok/s, "
         f"{first['tokens_per_request']} tokens per request, ~{seconds} s "
-        "per path and level; event delay = arrival − upstream stamp, ms)", "",
+        "per path and level; event delay = arrival − upstream stamp, ms)",
+        "",
         "| Streams | Path | events/s | requests | delay p50 | delay p99 | added p50 | added p99 "
         "| relay CPU (share of a core) | relay CPU µs/event | streams/core at 30 tok/s | "
         "client + upstream CPU (cores) |",
@@ -1352,8 +1634,10 @@ def _robot_section(rob: dict[str, Any], modes: list[str], seconds: float) -> lis
         for p in ["direct", *modes]:
             r = level[p]
             others = (r["cpu_s"]["client"] + r["cpu_s"]["upstream"]) / r["seconds"]
-            head = (f"| {c} | {p} | {r['events_per_s']:,.0f} | {r['requests']} | "
-                    f"{_f(r['delay_ms']['p50'])} | {_f(r['delay_ms']['p99'])} | ")
+            head = (
+                f"| {c} | {p} | {r['events_per_s']:,.0f} | {r['requests']} | "
+                f"{_f(r['delay_ms']['p50'])} | {_f(r['delay_ms']['p99'])} | "
+            )
             if p == "direct":
                 lines.append(head + f"| | | | | {others:.2f} |")
                 continue
@@ -1361,7 +1645,8 @@ def _robot_section(rob: dict[str, Any], modes: list[str], seconds: float) -> lis
                 head + f"{_f(r['added_delay_ms']['p50'])} | {_f(r['added_delay_ms']['p99'])} | "
                 f"{r['proxy_cpu_share_of_one_core']:.0%} | "
                 f"{_f(r['proxy_cpu_us_per_event'], 1)} | "
-                f"{r['streams_per_core_at_30_tok_s']:,.0f} | {others:.2f} |")
+                f"{r['streams_per_core_at_30_tok_s']:,.0f} | {others:.2f} |"
+            )
     return lines
 
 
@@ -1369,7 +1654,8 @@ def _tracker_section(tr: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"### Analysis cost in-process (StreamTracker.feed + finish, {tr['sse_events']:,}-event "
-        f"stream, no I/O; min / median of {tr['reps']} reps)", "",
+        f"stream, no I/O; min / median of {tr['reps']} reps)",
+        "",
         "| Chunking | tracker CPU µs/event | framer only µs/event |",
         "|---|---|---|",
     ]
@@ -1379,29 +1665,43 @@ def _tracker_section(tr: dict[str, Any]) -> list[str]:
             f"| {name.replace('_', ' ')} | {_f(t['tracker']['cpu_us_per_event_min'], 2)} / "
             f"{_f(t['tracker']['cpu_us_per_event_median'], 2)} | "
             f"{_f(t['framer_only']['cpu_us_per_event_min'], 2)} / "
-            f"{_f(t['framer_only']['cpu_us_per_event_median'], 2)} |")
+            f"{_f(t['framer_only']['cpu_us_per_event_median'], 2)} |"
+        )
     ref = tr["reference_orjson_loads_every_event"]
-    lines.append(f"| (reference: orjson.loads of every event) | "
-                 f"{_f(ref['cpu_us_per_event_min'], 2)} / "
-                 f"{_f(ref['cpu_us_per_event_median'], 2)} | |")
+    lines.append(
+        f"| (reference: orjson.loads of every event) | "
+        f"{_f(ref['cpu_us_per_event_min'], 2)} / "
+        f"{_f(ref['cpu_us_per_event_median'], 2)} | |"
+    )
     return lines
 
 
 def _profile_section(prof: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if "long_stream_raw" in prof:
-        for key, title in (("long_stream_raw", "long stream"), ("robots_raw", "robot load"),
-                           ("requests_raw", "back-to-back 20-token requests")):
+        for key, title in (
+            ("long_stream_raw", "long stream"),
+            ("robots_raw", "robot load"),
+            ("requests_raw", "back-to-back 20-token requests"),
+        ):
             p = prof.get(key, {})
             if "categories_inclusive_pct" not in p:
                 lines += ["", f"Profile ({title}): {p.get('error', 'no samples')}"]
                 continue
-            lines += ["", f"### Proxy profile, {title} (py-spy, {p['samples']} busy samples, "
-                      f"proxy busy {p['proxy_cpu_share']:.0%} of a core; % of busy samples)",
-                      "", "| Self time by owner | % |", "|---|---|"]
+            lines += [
+                "",
+                f"### Proxy profile, {title} (py-spy, {p['samples']} busy samples, "
+                f"proxy busy {p['proxy_cpu_share']:.0%} of a core; % of busy samples)",
+                "",
+                "| Self time by owner | % |",
+                "|---|---|",
+            ]
             lines += [f"| {n} | {v} |" for n, v in p["self_by_category_pct"].items()]
-            lines += ["", "| Inclusive share (a sample counts for every match in its stack) | % |",
-                      "|---|---|"]
+            lines += [
+                "",
+                "| Inclusive share (a sample counts for every match in its stack) | % |",
+                "|---|---|",
+            ]
             lines += [f"| {n} | {v} |" for n, v in p["categories_inclusive_pct"].items()]
             lines += ["", "| Top self time | % |", "|---|---|"]
             lines += [f"| `{n}` | {v} |" for n, v in p["top_self_pct"][:12]]
@@ -1415,57 +1715,93 @@ def _profile_section(prof: dict[str, Any]) -> list[str]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--role", choices=["bench", "upstream", BARE, LEAN, SPLICE], default="bench",
-                   help=argparse.SUPPRESS)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--role",
+        choices=["bench", "upstream", BARE, LEAN, SPLICE],
+        default="bench",
+        help=argparse.SUPPRESS,
+    )
     p.add_argument("--upstream", help=argparse.SUPPRESS)  # for the relay roles
-    p.add_argument("--no-bare", action="store_true",
-                   help="skip the reference bare aiohttp relay")
-    p.add_argument("--no-lean", action="store_true",
-                   help="skip the reference lean relay (aiohttp server, httptools client; "
-                   "skipped anyway when httptools is not installed)")
-    p.add_argument("--no-splice", action="store_true",
-                   help="skip the reference TCP splice")
-    p.add_argument("--keep-streams-alive", action="store_true",
-                   help="the fake upstream keeps the connection after an event stream (real "
-                   "llama-server closes it; by default the fake does too)")
+    p.add_argument("--no-bare", action="store_true", help="skip the reference bare aiohttp relay")
+    p.add_argument(
+        "--no-lean",
+        action="store_true",
+        help="skip the reference lean relay (aiohttp server, httptools client; "
+        "skipped anyway when httptools is not installed)",
+    )
+    p.add_argument("--no-splice", action="store_true", help="skip the reference TCP splice")
+    p.add_argument(
+        "--keep-streams-alive",
+        action="store_true",
+        help="the fake upstream keeps the connection after an event stream (real "
+        "llama-server closes it; by default the fake does too)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, ~40 s)")
-    p.add_argument("--out", type=Path, help="JSON results file (default: "
-                   "bench/results/relay_overhead-<UTC time>.json)")
-    p.add_argument("--uvloop", action="store_true",
-                   help="also run a second proxy on uvloop (if importable)")
-    p.add_argument("--profile", action="store_true",
-                   help="afterwards, profile the asyncio proxy with py-spy (long stream, "
-                   "robot load, back-to-back requests); writes "
-                   "bench/results/profile-*.{raw.txt,svg}")
-    p.add_argument("--log-file", action="store_true",
-                   help="also make the proxy append its JSON log lines to a temp file")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="JSON results file (default: bench/results/relay_overhead-<UTC time>.json)",
+    )
+    p.add_argument(
+        "--uvloop", action="store_true", help="also run a second proxy on uvloop (if importable)"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="afterwards, profile the asyncio proxy with py-spy (long stream, "
+        "robot load, back-to-back requests); writes "
+        "bench/results/profile-*.{raw.txt,svg}",
+    )
+    p.add_argument(
+        "--log-file",
+        action="store_true",
+        help="also make the proxy append its JSON log lines to a temp file",
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--steps", type=lambda v: v.split(","), default=list(STEPS),
-                   help=f"comma-separated subset of {','.join(STEPS)} (default: all)")
+    p.add_argument(
+        "--steps",
+        type=lambda v: v.split(","),
+        default=list(STEPS),
+        help=f"comma-separated subset of {','.join(STEPS)} (default: all)",
+    )
     g = p.add_argument_group("sizes (defaults: full run; --quick lowers them)")
     g.add_argument("--rounds", type=int, help="latency rounds per kind (2000; quick 300)")
     g.add_argument("--warmup", type=int, help="warm-up requests per kind and path (100; 30)")
-    g.add_argument("--stream-tokens", type=int, default=20,
-                   help="tokens of the latency stream and plain body (20)")
+    g.add_argument(
+        "--stream-tokens",
+        type=int,
+        default=20,
+        help="tokens of the latency stream and plain body (20)",
+    )
     g.add_argument("--paced-rounds", type=int, help="paced streams per path (8; 2)")
     g.add_argument("--paced-tokens", type=int, default=200, help="events per paced stream")
     g.add_argument("--paced-interval-ms", type=float, default=5.0)
     g.add_argument("--long-tokens", type=int, default=20_000)
-    g.add_argument("--long-runs", type=int, default=7,
-                   help="runs per path; the headline is the median (7)")
-    g.add_argument("--robot-concurrency", type=lambda v: [int(x) for x in v.split(",")],
-                   help="concurrent 30 tok/s streams, comma-separated levels (50,200; 50)")
+    g.add_argument(
+        "--long-runs", type=int, default=7, help="runs per path; the headline is the median (7)"
+    )
+    g.add_argument(
+        "--robot-concurrency",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="concurrent 30 tok/s streams, comma-separated levels (50,200; 50)",
+    )
     g.add_argument("--robot-seconds", type=float, help="robot load per path and level (6; 4)")
     g.add_argument("--robot-tokens", type=int, default=60, help="tokens per robot request")
     g.add_argument("--tracker-reps", type=int, help="in-process tracker repetitions (7; 3)")
     g.add_argument("--profile-seconds", type=int, default=10)
     g.add_argument("--profile-rate", type=int, default=200)
     args = p.parse_args(argv)
-    defaults = {"rounds": (2000, 300), "warmup": (100, 30), "paced_rounds": (8, 2),
-                "robot_concurrency": ([50, 200], [50]), "robot_seconds": (6.0, 4.0),
-                "tracker_reps": (7, 3)}
+    defaults = {
+        "rounds": (2000, 300),
+        "warmup": (100, 30),
+        "paced_rounds": (8, 2),
+        "robot_concurrency": ([50, 200], [50]),
+        "robot_seconds": (6.0, 4.0),
+        "tracker_reps": (7, 3),
+    }
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -1482,8 +1818,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     time.sleep(2.0)  # noqa: ASYNC251 - nothing else runs yet; how busy is the machine before we start? (others' processes)
     machine["busy_cores_before_start"] = (machine_cpu()["busy"] - m0["busy"]) / 2.0
     if machine["busy_cores_before_start"] > 0.1:
-        print(f"warning: the machine is already busy ({machine['busy_cores_before_start']:.2f} "
-              "cores) before the bench starts: results will be noisy", file=sys.stderr)
+        print(
+            f"warning: the machine is already busy ({machine['busy_cores_before_start']:.2f} "
+            "cores) before the bench starts: results will be noisy",
+            file=sys.stderr,
+        )
     want_uvloop = args.uvloop
     if want_uvloop and machine["uvloop"] is None:
         print("uvloop is not importable: running the asyncio proxy only", file=sys.stderr)
@@ -1515,8 +1854,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_splice:
             proxies[SPLICE] = start_tcp_splice(upstream.url)
             procs.append(proxies[SPLICE])
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session, \
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as plain:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as plain,
+        ):
             await wait_ready(session, upstream, PATH.replace("chat/completions", "models"))
             for proc in proxies.values():
                 await wait_ready(session, proc, "/health")
@@ -1527,39 +1868,57 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 "timestamp": stamp.isoformat(timespec="seconds").replace("+00:00", "Z"),
                 "command": command_line(),
                 "machine": machine,
-                "args": {k: (str(v) if isinstance(v, Path) else v)
-                         for k, v in vars(args).items() if k != "role"},
+                "args": {
+                    k: (str(v) if isinstance(v, Path) else v)
+                    for k, v in vars(args).items()
+                    if k != "role"
+                },
                 "proxy_modes": list(proxies),
-                "processes": {"client_pid": os.getpid(), "upstream_pid": upstream.pid,
-                              **{f"{m}_pid": p.pid for m, p in proxies.items()}},
-                "proxy_log": "stdout to /dev/null" + (" + --log-file (temp file)"
-                                                      if args.log_file else ""),
+                "processes": {
+                    "client_pid": os.getpid(),
+                    "upstream_pid": upstream.pid,
+                    **{f"{m}_pid": p.pid for m, p in proxies.items()},
+                },
+                "proxy_log": "stdout to /dev/null"
+                + (" + --log-file (temp file)" if args.log_file else ""),
             }
             steps: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
-                ("latency", bench.latency), ("event_delay", bench.event_delay),
-                ("throughput", bench.throughput), ("robots", bench.robot_load)]
+                ("latency", bench.latency),
+                ("event_delay", bench.event_delay),
+                ("throughput", bench.throughput),
+                ("robots", bench.robot_load),
+            ]
             for name, step in steps:
                 if name not in args.steps:
                     continue
-                print(f"[{time.perf_counter() - started:6.1f} s] {name} ...", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"[{time.perf_counter() - started:6.1f} s] {name} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 t0, m0, c0 = time.perf_counter(), machine_cpu(), bench.cpu_all()
                 res[name] = await step()
                 t1, m1, c1 = time.perf_counter(), machine_cpu(), bench.cpu_all()
                 ours = sum(c1[k] - c0[k] for k in c1)
                 res[name]["step_seconds"] = t1 - t0
                 res[name]["machine_cpu_s"] = {
-                    "busy": m1["busy"] - m0["busy"], "steal": m1["steal"] - m0["steal"],
+                    "busy": m1["busy"] - m0["busy"],
+                    "steal": m1["steal"] - m0["steal"],
                     "bench_processes": ours,
-                    "other_processes": m1["busy"] - m0["busy"] - ours}
-            print(f"[{time.perf_counter() - started:6.1f} s] tracker ...", file=sys.stderr,
-                  flush=True)
+                    "other_processes": m1["busy"] - m0["busy"] - ours,
+                }
+            print(
+                f"[{time.perf_counter() - started:6.1f} s] tracker ...", file=sys.stderr, flush=True
+            )
             if "tracker" in args.steps:
                 res["tracker"] = tracker_cpu(args.long_tokens, args.tracker_reps)
             res["runtime_s"] = time.perf_counter() - started
             if args.profile:
-                print(f"[{time.perf_counter() - started:6.1f} s] profile ...",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[{time.perf_counter() - started:6.1f} s] profile ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 res["profile"] = await profile(bench, results_dir)
                 res["runtime_with_profile_s"] = time.perf_counter() - started
             for proc in proxies.values():
@@ -1592,8 +1951,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
 
     res = asyncio.run(run_bench(args))
-    out = args.out or (ROOT / "bench" / "results" /
-                       f"relay_overhead-{res['timestamp'].replace(':', '')}.json")
+    out = args.out or (
+        ROOT / "bench" / "results" / f"relay_overhead-{res['timestamp'].replace(':', '')}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     text = report(res)
     res["markdown"] = text

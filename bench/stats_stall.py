@@ -25,17 +25,23 @@ from typing import Any
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import STATS, build_app
 from proxy.config import load_config
-from proxy.record import Kind, Outcome, Record
-from proxy.stats import SUMMARY_FIELDS
+from proxy.core.record import Kind, Outcome, Record
+from proxy.core.stats import SUMMARY_FIELDS
+from proxy.serve.app import STATS, build_app
 
 
 def record(i: int, rng: random.Random) -> Record:
     values: dict[str, Any] = {name: rng.uniform(1.0, 3000.0) for name in SUMMARY_FIELDS}
-    return Record(id=f"r-{i}", ts="2026-11-30T00:00:00.000Z", method="POST",
-                  path="/v1/chat/completions", kind=Kind.TOOL if i % 2 else Kind.CHAT,
-                  outcome=Outcome.COMPLETED, **values)
+    return Record(
+        id=f"r-{i}",
+        ts="2026-11-30T00:00:00.000Z",
+        method="POST",
+        path="/v1/chat/completions",
+        kind=Kind.TOOL if i % 2 else Kind.CHAT,
+        outcome=Outcome.COMPLETED,
+        **values,
+    )
 
 
 async def longest_gap(work: asyncio.Future[Any]) -> float:
@@ -49,8 +55,7 @@ async def longest_gap(work: asyncio.Future[Any]) -> float:
 
 
 async def main(window: int, reads: int) -> None:
-    config = load_config(None, {"stats": {"window": window},
-                                "accounting": {"enabled": False}})
+    config = load_config(None, {"stats": {"window": window}, "accounting": {"enabled": False}})
     app = build_app(config)
     stats = app[STATS]
     rng = random.Random(1)
@@ -64,7 +69,7 @@ async def main(window: int, reads: int) -> None:
         for _ in range(reads):
             stats.add(record(n, rng))  # a record came in: the next read rebuilds
             n += 1
-            read = asyncio.ensure_future(client.get("/stats"))
+            read = asyncio.ensure_future(client.get("/stats"))  # noqa: TID251 (held in read)
             stepwise.append(await longest_gap(read))
             resp = await read
             assert resp.status == 200 and orjson.loads(await resp.read())["requests"] == n
@@ -73,8 +78,7 @@ async def main(window: int, reads: int) -> None:
             whole.append(time.perf_counter() - t)
 
     def ms(values: list[float]) -> str:
-        return (f"median {statistics.median(values) * 1e3:.1f} ms, "
-                f"max {max(values) * 1e3:.1f} ms")
+        return f"median {statistics.median(values) * 1e3:.1f} ms, max {max(values) * 1e3:.1f} ms"
 
     print(f"windows: {window} records per kind, {len(SUMMARY_FIELDS)} fields; {reads} reads")
     print(f"longest event-loop stall during GET /stats (stepwise build): {ms(stepwise)}")

@@ -34,14 +34,14 @@ from typing import Any
 
 import orjson
 
-from proxy.assemble import Exchange, build_record
-from proxy.metrics import Metrics
-from proxy.record import Kind, Outcome, Record, ServerTimings
-from proxy.request import RequestFacts, analyse_request
-from proxy.schema import for_counting, render_key, schema_hash, strip_tools
-from proxy.sse import SSEEvent, SSEFramer
-from proxy.stats import Stats
-from proxy.tracker import Observation, StreamTracker, ToolCall
+from proxy.core.assemble import Exchange, build_record
+from proxy.core.record import Kind, Outcome, Record, ServerTimings
+from proxy.core.request import RequestFacts, analyse_request
+from proxy.core.schema import for_counting, render_key, schema_hash, strip_tools
+from proxy.core.sse import SSEEvent, SSEFramer
+from proxy.core.stats import Stats
+from proxy.core.tracker import Observation, StreamTracker, ToolCall
+from proxy.serve.metrics import Metrics
 
 __all__ = [
     "BOM",
@@ -101,8 +101,21 @@ def _event(obj: Any) -> bytes:
 
 def _bug_bool_tool_index() -> bool:
     tracker = StreamTracker(0.0, sse=True, clock=lambda: 1.0)
-    tracker.feed(_event({"choices": [{"delta": {"tool_calls": [
-        {"index": True, "function": {"name": "f", "arguments": "{}"}}]}}]}))
+    tracker.feed(
+        _event(
+            {
+                "choices": [
+                    {
+                        "delta": {
+                            "tool_calls": [
+                                {"index": True, "function": {"name": "f", "arguments": "{}"}}
+                            ]
+                        }
+                    }
+                ]
+            }
+        )
+    )
     return any(type(c.index) is not int for c in tracker.finish().tool_calls)
 
 
@@ -152,8 +165,9 @@ def _deep(depth: int) -> bytes:
 
 
 def _bug_deep_tools_render_key() -> bool:
-    body = orjson.loads(b'{"tools":[{"type":"function","function":{"name":"f","parameters":'
-                        + _deep(300) + b"}}]}")
+    body = orjson.loads(
+        b'{"tools":[{"type":"function","function":{"name":"f","parameters":' + _deep(300) + b"}}]}"
+    )
     try:
         render_key(body)
     except orjson.JSONEncodeError:
@@ -199,8 +213,7 @@ def oracle(stream: bytes) -> tuple[list[SSEEvent], int]:
 Counters = tuple[int, int, int, bool]
 
 
-def frame(chunks: Iterable[bytes], cap: int = DEFAULT_CAP
-          ) -> tuple[list[SSEEvent], Counters, int]:
+def frame(chunks: Iterable[bytes], cap: int = DEFAULT_CAP) -> tuple[list[SSEEvent], Counters, int]:
     """Feed ``chunks`` then flush: events, counters and the largest ``buffered`` seen."""
     framer = SSEFramer(max_event_bytes=cap)
     events: list[SSEEvent] = []
@@ -221,13 +234,17 @@ def check_framer(stream: bytes, cuts: Sequence[int], cap: int = DEFAULT_CAP) -> 
     require(split == whole, lambda: f"events depend on chunking (cap={cap}, cuts={cuts})")
     require(c_split == c_whole, lambda: f"counters depend on chunking: {c_whole} vs {c_split}")
     bound = max(cap, len(BOM) - 1)  # a lone BOM prefix is held until it is decided
-    require(max(peak_whole, peak_split) <= bound,
-            lambda: f"buffered {max(peak_whole, peak_split)} > cap {cap}")
+    require(
+        max(peak_whole, peak_split) <= bound,
+        lambda: f"buffered {max(peak_whole, peak_split)} > cap {cap}",
+    )
     big = [e for e in whole if len(e.data) > cap]
     if big:  # known bug: the LF joining two data lines is not counted against the cap
-        require(all(len(e.data) - e.data.count(b"\n") <= cap for e in big)
-                and _tolerate("sse_data_line_breaks_uncounted"),
-                lambda: f"an event of {len(big[0].data)} bytes > cap {cap} dispatched")
+        require(
+            all(len(e.data) - e.data.count(b"\n") <= cap for e in big)
+            and _tolerate("sse_data_line_breaks_uncounted"),
+            lambda: f"an event of {len(big[0].data)} bytes > cap {cap} dispatched",
+        )
     require(c_whole[0] == len(whole), "the events counter disagrees with the events returned")
     if len(stream) <= cap:
         expected, comments = oracle(stream)
@@ -240,20 +257,27 @@ def check_framer(stream: bytes, cuts: Sequence[int], cap: int = DEFAULT_CAP) -> 
 # Tracker
 
 
-def track(chunks: Iterable[bytes], sse: bool, *, clock: Callable[[], float] = lambda: 1.0,
-          max_event_bytes: int = DEFAULT_CAP, max_body_bytes: int = DEFAULT_BODY_CAP
-          ) -> tuple[Observation, int]:
+def track(
+    chunks: Iterable[bytes],
+    sse: bool,
+    *,
+    clock: Callable[[], float] = lambda: 1.0,
+    max_event_bytes: int = DEFAULT_CAP,
+    max_body_bytes: int = DEFAULT_BODY_CAP,
+) -> tuple[Observation, int]:
     """Feed ``chunks`` to a tracker (t0 = 0) and finish it: the observation and bytes_seen."""
-    tracker = StreamTracker(0.0, sse=sse, clock=clock, max_event_bytes=max_event_bytes,
-                            max_body_bytes=max_body_bytes)
+    tracker = StreamTracker(
+        0.0, sse=sse, clock=clock, max_event_bytes=max_event_bytes, max_body_bytes=max_body_bytes
+    )
     for chunk in chunks:
         tracker.feed(chunk)
     seen = tracker.bytes_seen
     return tracker.finish(), seen
 
 
-def check_tracker(stream: bytes, cuts: Sequence[int], sse: bool, *,
-                  max_event_bytes: int = DEFAULT_CAP) -> Observation:
+def check_tracker(
+    stream: bytes, cuts: Sequence[int], sse: bool, *, max_event_bytes: int = DEFAULT_CAP
+) -> Observation:
     """Whole vs split on a constant clock: equal observations, exact byte counts, sound types."""
     whole, seen_whole = track([stream], sse, max_event_bytes=max_event_bytes)
     split, seen_split = track(split_at(stream, cuts), sse, max_event_bytes=max_event_bytes)
@@ -293,14 +317,23 @@ def _tolerate(bug: str) -> bool:
 
 def check_observation(obs: Observation, stream: bytes, sse: bool) -> None:
     """Every field has its declared type; counts are consistent; no internal analysis error."""
-    for name in ("first_byte_s", "first_event_s", "first_token_s", "last_token_s",
-                 "last_byte_s", "tool_call_s"):
+    for name in (
+        "first_byte_s",
+        "first_event_s",
+        "first_token_s",
+        "last_token_s",
+        "last_byte_s",
+        "tool_call_s",
+    ):
         value = getattr(obs, name)
-        require(_opt(value, float) and (value is None or math.isfinite(value)),
-                f"{name} = {value!r}")
+        require(
+            _opt(value, float) and (value is None or math.isfinite(value)), f"{name} = {value!r}"
+        )
     for name in ("events", "token_events", "response_bytes", "oversized_events"):
-        require(type(getattr(obs, name)) is int and getattr(obs, name) >= 0,
-                f"{name} = {getattr(obs, name)!r}")
+        require(
+            type(getattr(obs, name)) is int and getattr(obs, name) >= 0,
+            f"{name} = {getattr(obs, name)!r}",
+        )
     require(obs.token_events <= obs.events, "more token events than events")
     require(type(obs.done) is bool, f"done = {obs.done!r}")
     for name in ("model", "finish_reason", "upstream_error", "analysis_error"):
@@ -317,19 +350,28 @@ def check_observation(obs: Observation, stream: bytes, sse: bool) -> None:
     indexes = [c.index for c in obs.tool_calls]
     require(len(set(indexes)) == len(indexes), f"duplicate tool call indexes {indexes}")
     for call in obs.tool_calls:
-        require(type(call) is ToolCall and type(call.name) is str
-                and type(call.arguments) is str, f"tool call {call!r}")
+        require(
+            type(call) is ToolCall and type(call.name) is str and type(call.arguments) is str,
+            f"tool call {call!r}",
+        )
         if type(call.index) is not int:
-            require(type(call.index) is bool and _tolerate("bool_tool_index"),
-                    f"tool call index {call.index!r} is a {type(call.index).__name__}")
+            require(
+                type(call.index) is bool and _tolerate("bool_tool_index"),
+                f"tool call index {call.index!r} is a {type(call.index).__name__}",
+            )
     if obs.analysis_error is not None:
-        known = (not sse and obs.analysis_error == "tracker: TypeError"
-                 and _nonobject_message_tool_call(stream)
-                 and _tolerate("nonstream_tool_call_not_object"))
+        known = (
+            not sse
+            and obs.analysis_error == "tracker: TypeError"
+            and _nonobject_message_tool_call(stream)
+            and _tolerate("nonstream_tool_call_not_object")
+        )
         require(known, f"the analysis failed: {obs.analysis_error}")
     if not sse:
-        require(obs.events == obs.token_events == obs.oversized_events == 0 and not obs.done,
-                "a JSON body produced SSE counts")
+        require(
+            obs.events == obs.token_events == obs.oversized_events == 0 and not obs.done,
+            "a JSON body produced SSE counts",
+        )
 
 
 def _ints(obj: Any) -> Iterable[int]:
@@ -347,35 +389,47 @@ def _beyond_64_bits(doc: Any) -> bool:
     return any(not _I64_MIN <= v <= _U64_MAX for v in _ints(doc))
 
 
-_EXCHANGE = Exchange(id="0123456789abcdef", ts="2026-01-01T00:00:00.000Z", method="POST",
-                     path="/v1/chat/completions", status=200, outcome=Outcome.COMPLETED,
-                     end_s=2.0, request_bytes=10)
+_EXCHANGE = Exchange(
+    id="0123456789abcdef",
+    ts="2026-01-01T00:00:00.000Z",
+    method="POST",
+    path="/v1/chat/completions",
+    status=200,
+    outcome=Outcome.COMPLETED,
+    end_s=2.0,
+    request_bytes=10,
+)
 _METRICS = Metrics()
 
 
-def _build(obs: Observation | None, facts: RequestFacts | None = None, sse: bool = True
-           ) -> Record:
+def _build(obs: Observation | None, facts: RequestFacts | None = None, sse: bool = True) -> Record:
     facts = facts or RequestFacts(kind=Kind.CHAT, stream=sse)
     return build_record(_EXCHANGE, facts, obs)
 
 
-def check_record(obs: Observation | None, facts: RequestFacts | None = None, sse: bool = True
-                 ) -> Record:
+def check_record(
+    obs: Observation | None, facts: RequestFacts | None = None, sse: bool = True
+) -> Record:
     """The record of ``obs`` builds, logs as JSON (and reads back), counts, and renders /stats."""
     record = _build(obs, facts, sse)
     doc = record.to_dict()
     try:
         line = orjson.dumps(doc)
     except orjson.JSONEncodeError as exc:
-        require(_beyond_64_bits(doc) and _tolerate("counts_beyond_64_bits"),
-                f"the log line does not serialise: {exc}")
+        require(
+            _beyond_64_bits(doc) and _tolerate("counts_beyond_64_bits"),
+            f"the log line does not serialise: {exc}",
+        )
         return record
     nonfinite: dict[str, Any] = {
-        k: None for k, v in doc.items() if isinstance(v, float) and not math.isfinite(v)}
+        k: None for k, v in doc.items() if isinstance(v, float) and not math.isfinite(v)
+    }
     if nonfinite:  # JSON has no inf: the line says null
         require(_tolerate("nonfinite_ratio"), lambda: f"non-finite record fields {nonfinite}")
-    require(Record.from_dict(orjson.loads(line)) == dataclasses.replace(record, **nonfinite),
-            "the log line does not read back")
+    require(
+        Record.from_dict(orjson.loads(line)) == dataclasses.replace(record, **nonfinite),
+        "the log line does not read back",
+    )
     stats = Stats(since="now", recent=2, window=4)
     stats.add(record)
     try:
@@ -386,10 +440,10 @@ def check_record(obs: Observation | None, facts: RequestFacts | None = None, sse
         _METRICS.observe(record)
     except ValueError as exc:
         negative = any(v is not None and v < 0 for v in (record.prompt_n, record.cache_n))
-        require(negative and _tolerate("metrics_negative_counts"),
-                f"the metrics sink failed: {exc}")
+        require(
+            negative and _tolerate("metrics_negative_counts"), f"the metrics sink failed: {exc}"
+        )
     return record
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,8 +467,10 @@ def check_request(method: str, path: str, body: bytes) -> RequestFacts:
     require(type(facts.kind) is Kind, f"kind = {facts.kind!r}")
     require(_opt(facts.model, str), f"model = {facts.model!r}")
     require(_opt(facts.stream, bool), f"stream = {facts.stream!r}")
-    require(type(facts.tool_names) is frozenset
-            and all(type(n) is str for n in facts.tool_names), "tool_names")
+    require(
+        type(facts.tool_names) is frozenset and all(type(n) is str for n in facts.tool_names),
+        "tool_names",
+    )
     require(facts.body is None or type(facts.body) is dict, "body is not a dict")
     require(_opt(facts.error, str), f"error = {facts.error!r}")
     is_chat = method == "POST" and path.rstrip("/").endswith("/chat/completions")
@@ -424,8 +480,10 @@ def check_request(method: str, path: str, body: bytes) -> RequestFacts:
         require(facts.body == orjson.loads(body), "body is not the parsed request")
     if facts.kind is Kind.TOOL:
         body_obj = facts.body
-        require(body_obj is not None and isinstance(body_obj.get("tools"), list)
-                and body_obj["tools"], "a tool request without tools")
+        require(
+            body_obj is not None and isinstance(body_obj.get("tools"), list) and body_obj["tools"],
+            "a tool request without tools",
+        )
         assert body_obj is not None
         try:  # what Accounting.begin() and _schema() do on every tool request
             render_key(body_obj)
@@ -433,8 +491,10 @@ def check_request(method: str, path: str, body: bytes) -> RequestFacts:
             for_counting(body_obj)
             strip_tools(body_obj)
         except orjson.JSONEncodeError as exc:
-            require(_depth(body_obj) > 250 and _tolerate("deep_tools_render_key"),
-                    f"accounting cannot key the request: {exc}")
+            require(
+                _depth(body_obj) > 250 and _tolerate("deep_tools_render_key"),
+                f"accounting cannot key the request: {exc}",
+            )
     check_record(None, facts)
     return facts
 
@@ -444,8 +504,7 @@ def check_request(method: str, path: str, body: bytes) -> RequestFacts:
 
 
 def _cuts(data: bytes, count: int, length: int) -> list[int]:
-    return [int.from_bytes(data[2 * i : 2 * i + 2], "little") % (length + 1)
-            for i in range(count)]
+    return [int.from_bytes(data[2 * i : 2 * i + 2], "little") % (length + 1) for i in range(count)]
 
 
 def decode_sse_input(data: bytes) -> tuple[bytes, list[int], int]:
@@ -470,9 +529,16 @@ def decode_tracker_input(data: bytes) -> tuple[bytes, list[int], bool, int]:
 
 
 METHODS = ("POST", "GET", "PUT", "HEAD", "OPTIONS", "DELETE", "post", "PATCH")
-PATHS = ("/v1/chat/completions", "/v1/chat/completions/", "/chat/completions",
-         "/v1/completions", "/completion", "/", "/v1/chat/completionsx",
-         "//v1/chat/completions//")
+PATHS = (
+    "/v1/chat/completions",
+    "/v1/chat/completions/",
+    "/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/",
+    "/v1/chat/completionsx",
+    "//v1/chat/completions//",
+)
 
 
 def decode_request_input(data: bytes) -> tuple[str, str, bytes]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Coverage-guided fuzzing of the request analysis (``proxy.request.analyse_request``).
+"""Coverage-guided fuzzing of the request analysis (``proxy.core.request.analyse_request``).
 
 Input layout (``fuzz.checks.decode_request_input``): a method byte, a path byte, then the
 body. Invariants (``fuzz.checks.check_request``): no exception; every field of the facts has

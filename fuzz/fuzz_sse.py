@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Coverage-guided fuzzing of the SSE framer (``proxy.sse.SSEFramer``).
+"""Coverage-guided fuzzing of the SSE framer (``proxy.core.sse.SSEFramer``).
 
 Input layout (``fuzz.checks.decode_sse_input``): a cap selector byte (>= 128: a cap of 1..128
 bytes, else the default 8 MiB), a count of cut points, two bytes per cut, then the stream.

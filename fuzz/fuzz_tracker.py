@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Coverage-guided fuzzing of the timing tracker (``proxy.tracker.StreamTracker``).
+"""Coverage-guided fuzzing of the timing tracker (``proxy.core.tracker.StreamTracker``).
 
 Input layout (``fuzz.checks.decode_tracker_input``): a flags byte (bit 0: SSE, else a JSON
 body; bit 1: a small event cap), a count of cut points, two bytes per cut, then the body.

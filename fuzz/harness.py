@@ -42,13 +42,55 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 #: Byte strings that the plain loop splices in (libFuzzer gets ``fuzz/llama.dict``).
 TOKENS: tuple[bytes, ...] = (
-    b"\n", b"\r", b"\r\n", b"\n\n", b"\r\r", b"data:", b"data: ", b"event: ", b"id: ",
-    b"retry: ", b":", b"\xef\xbb\xbf", b"\x00", b"\xff", b"\xc3", b"\xed\xa0\x80", b"[DONE]",
-    b"{", b"}", b"[", b"]", b'"', b",", b"null", b"true", b"-1", b"1e308", b"18446744073709551615",
-    b'"choices":', b'"delta":', b'"message":', b'"tool_calls":', b'"index":', b'"function":',
-    b'"name":', b'"arguments":', b'"timings":', b'"usage":', b'"prompt_n":', b'"cache_n":',
-    b'"predicted_n":', b'"prompt_ms":', b'"error":', b'"finish_reason":', b'"content":"x"',
-    b'"model":', b'"tools":', b'"stream":true', b"[" * 300,
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b"\n\n",
+    b"\r\r",
+    b"data:",
+    b"data: ",
+    b"event: ",
+    b"id: ",
+    b"retry: ",
+    b":",
+    b"\xef\xbb\xbf",
+    b"\x00",
+    b"\xff",
+    b"\xc3",
+    b"\xed\xa0\x80",
+    b"[DONE]",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b'"',
+    b",",
+    b"null",
+    b"true",
+    b"-1",
+    b"1e308",
+    b"18446744073709551615",
+    b'"choices":',
+    b'"delta":',
+    b'"message":',
+    b'"tool_calls":',
+    b'"index":',
+    b'"function":',
+    b'"name":',
+    b'"arguments":',
+    b'"timings":',
+    b'"usage":',
+    b'"prompt_n":',
+    b'"cache_n":',
+    b'"predicted_n":',
+    b'"prompt_ms":',
+    b'"error":',
+    b'"finish_reason":',
+    b'"content":"x"',
+    b'"model":',
+    b'"tools":',
+    b'"stream":true',
+    b"[" * 300,
 )
 
 
@@ -123,14 +165,21 @@ def _mutate(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
     return bytes(buf[: 1 << 16])
 
 
-def _plain(test_one_input: Callable[[bytes], None], seeds: Callable[[], Iterable[bytes]],
-           seconds: float, runs: int | None, seed: int) -> None:
+def _plain(
+    test_one_input: Callable[[bytes], None],
+    seeds: Callable[[], Iterable[bytes]],
+    seconds: float,
+    runs: int | None,
+    seed: int,
+) -> None:
     rng = random.Random(seed)
     corpus = [*seeds()] or [b""]
     start = time.monotonic()
     n = 0
-    print(f"INFO: plain mode (no coverage feedback), seed {seed}, {len(corpus)} seeds",
-          file=sys.stderr)
+    print(
+        f"INFO: plain mode (no coverage feedback), seed {seed}, {len(corpus)} seeds",
+        file=sys.stderr,
+    )
     inputs: Iterator[bytes] = iter(corpus)
     while time.monotonic() - start < seconds and (runs is None or n < runs):
         data = next(inputs, None)
@@ -145,8 +194,10 @@ def _plain(test_one_input: Callable[[bytes], None], seeds: Callable[[], Iterable
             traceback.print_exc()
             crash = Path(f"crash-{hashlib.sha1(data).hexdigest()}")
             crash.write_bytes(data)
-            print(f"==ERROR: plain fuzzer: uncaught exception; input written to {crash}",
-                  file=sys.stderr)
+            print(
+                f"==ERROR: plain fuzzer: uncaught exception; input written to {crash}",
+                file=sys.stderr,
+            )
             sys.exit(1)
     elapsed = time.monotonic() - start
     print(f"#{n}\tDONE   plain execs: {n} in {elapsed:.1f} s", file=sys.stderr)
@@ -164,8 +215,12 @@ def _announce_known_bugs(test_one_input: Callable[[bytes], None]) -> Callable[[b
         if checks is not None and len(checks.TOLERATED) > len(announced):
             for bug in set(checks.TOLERATED) - announced:
                 announced.add(bug)
-                print(f"INFO: known bug hit (tolerated): {bug}; TIMING_PROXY_FUZZ_STRICT=1 "
-                      "stops on it", file=sys.stderr, flush=True)
+                print(
+                    f"INFO: known bug hit (tolerated): {bug}; TIMING_PROXY_FUZZ_STRICT=1 "
+                    "stops on it",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     return run
 
@@ -178,8 +233,13 @@ def main(test_one_input: Callable[[bytes], None], seeds: Callable[[], Iterable[b
     if plain is not None:
         runs = _flag(argv, "runs") or _flag(argv, "atheris_runs")
         seed = _flag(argv, "seed")
-        _plain(test_one_input, seeds, plain, int(runs) if runs else None,
-               int(seed) if seed else int.from_bytes(os.urandom(4), "little"))
+        _plain(
+            test_one_input,
+            seeds,
+            plain,
+            int(runs) if runs else None,
+            int(seed) if seed else int.from_bytes(os.urandom(4), "little"),
+        )
         return
     assert atheris is not None
     _seed_corpus(argv, seeds)

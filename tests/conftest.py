@@ -18,12 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import SINKS, build_app
+from proxy.commands.provision import LlamaServer
 from proxy.config import Config, load_config
-from proxy.provision import LlamaServer
-from proxy.record import Record
-from proxy.request import RequestFacts
-from proxy.tracker import Observation
+from proxy.core.record import Record
+from proxy.core.request import RequestFacts
+from proxy.core.tracker import Observation
+from proxy.serve.app import SINKS, build_app
 from tests.fakes import FakeUpstream
 from tests.llama import llama_artifacts, llama_server  # noqa: F401
 
@@ -97,8 +97,9 @@ def make_proxy(aiohttp_client: Any) -> ProxyFactory:
 
 
 @pytest.fixture
-async def proxied(fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactory
-                  ) -> tuple[FakeUpstream, ProxyUnderTest]:
+async def proxied(
+    fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactory
+) -> tuple[FakeUpstream, ProxyUnderTest]:
     """The fake upstream and a proxy in front of it."""
     upstream, server = fake
     proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
@@ -124,12 +125,15 @@ class ProxyProcess:
         call: a reader can see part of a ``write`` to a file, so only lines ending in a
         newline are whole."""
         text = self.log_file.read_text()
-        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
     def records(self) -> dict[str, dict[str, Any]]:
         """request_completed lines by request id."""
-        return {event["id"]: event for event in self.events()
-                if event.get("event") == "request_completed"}
+        return {
+            event["id"]: event
+            for event in self.events()
+            if event.get("event") == "request_completed"
+        }
 
     def record(self, request_id: str, within: float = 5.0) -> dict[str, Any]:
         """Wait for the record of one request (it is written when the exchange ends)."""
@@ -143,17 +147,31 @@ class ProxyProcess:
 
 
 @pytest.fixture(scope="session")
-def proxy_process(llama_server: LlamaServer,  # noqa: F811 - the fixture imported above
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def proxy_process(
+    llama_server: LlamaServer,  # noqa: F811 - the fixture imported above
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ProxyProcess]:
     """``python -m proxy serve`` in front of the real llama-server."""
     port = _free_port()
     folder = tmp_path_factory.mktemp("proxy")
     log_file = folder / "requests.jsonl"
     stderr = (folder / "stderr.txt").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}",
-         "--upstream", llama_server.url, "--log-file", str(log_file)],
-        stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            llama_server.url,
+            "--log-file",
+            str(log_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env={**os.environ},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20

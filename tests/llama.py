@@ -1,7 +1,7 @@
 """Pytest fixtures for the real llama-server (imported by ``tests/conftest.py``).
 
 Provisioning (build llama-server, assemble the model) is part of the test run: it happens
-here if ``python -m proxy.provision`` has not warmed the cache already. If it fails, the
+here if ``python -m proxy.commands.provision`` has not warmed the cache already. If it fails, the
 tests that need the server fail when ``CI`` is set or ``TIMING_PROXY_REQUIRE_REAL=1``, so
 CI never skips them silently; on a developer's machine they are skipped with the reason.
 """
@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import pytest
 
-from proxy.provision import (
+from proxy.commands.provision import (
     LlamaServer,
     LlamaServerError,
     ProvisionError,

@@ -19,10 +19,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
-from proxy.accounting import estimate_tokens
-from proxy.app import ACCOUNTING
-from proxy.record import Kind, Record
-from proxy.schema import differing_region, schema_hash
+from proxy.core.record import Kind, Record
+from proxy.core.schema import differing_region, schema_hash
+from proxy.serve.accounting import estimate_tokens
+from proxy.serve.app import ACCOUNTING
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import DONE, SSE_HEADERS, chat_event, make_timings
 
@@ -65,15 +65,25 @@ RUN_SHELL = tool("run_shell", "command", "cwd", "timeout")
 SYSTEM = "You are a careful coding agent working in a git repository."
 
 
-def body_of(tools: list[Any], *, system: str | None = SYSTEM, user: str = "Show me /etc/hosts.",
-            **extra: Any) -> dict[str, Any]:
+def body_of(
+    tools: list[Any],
+    *,
+    system: str | None = SYSTEM,
+    user: str = "Show me /etc/hosts.",
+    **extra: Any,
+) -> dict[str, Any]:
     """A streamed chat request with ``tools``, an optional system prompt and a user message."""
     messages: list[dict[str, Any]] = []
     if system is not None:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": user})
-    body: dict[str, Any] = {"model": "qwen3", "messages": messages, "stream": True,
-                            "max_tokens": 64, **extra}
+    body: dict[str, Any] = {
+        "model": "qwen3",
+        "messages": messages,
+        "stream": True,
+        "max_tokens": 64,
+        **extra,
+    }
     if tools:
         body["tools"] = tools
         body.setdefault("tool_choice", "auto")
@@ -114,8 +124,9 @@ def input_tokens(body: dict[str, Any]) -> int:
 
 def bare(body: dict[str, Any]) -> dict[str, Any]:
     """``body`` without the tools and what goes with them."""
-    return {k: v for k, v in body.items() if k not in ("tools", "tool_choice",
-                                                        "parallel_tool_calls")}
+    return {
+        k: v for k, v in body.items() if k not in ("tools", "tool_choice", "parallel_tool_calls")
+    }
 
 
 def expected_schema_tokens(body: dict[str, Any]) -> int:
@@ -144,8 +155,9 @@ class ToyLlama:
         self.delay_s: dict[str, float] = {}
         #: seconds the chat answer waits before its headers
         self.answer_delay_s = 0.0
-        self.timings = make_timings(prompt_n=200, prompt_ms=400.0, predicted_n=9,
-                                    predicted_ms=80.0, cache_n=0)
+        self.timings = make_timings(
+            prompt_n=200, prompt_ms=400.0, predicted_n=9, predicted_ms=80.0, cache_n=0
+        )
         #: the tool calls of the answer: (name, argument fragments); none means a text answer
         self.tool_calls: list[tuple[str, list[str]]] = []
         #: the body bytes of every chat answer sent
@@ -171,19 +183,27 @@ class ToyLlama:
         finally:
             self.inflight -= 1
         if self.lookup_status is not None:
-            err = {"error": {"code": self.lookup_status, "message": "toy says no",
-                             "type": "not_found_error" if self.lookup_status == 404
-                             else "server_error"}}
-            return web.Response(status=self.lookup_status, body=orjson.dumps(err),
-                                content_type="application/json")
+            err = {
+                "error": {
+                    "code": self.lookup_status,
+                    "message": "toy says no",
+                    "type": "not_found_error" if self.lookup_status == 404 else "server_error",
+                }
+            }
+            return web.Response(
+                status=self.lookup_status, body=orjson.dumps(err), content_type="application/json"
+            )
         payload: dict[str, Any]
         if path == APPLY_TEMPLATE:
             payload = {"prompt": render(body)}
         elif path == INPUT_TOKENS:
             payload = {"input_tokens": input_tokens(body), "object": "response.input_tokens"}
         else:
-            payload = {"tokens": toy_tokens(str(body.get("content", "")),
-                                            bool(body.get("add_special", False)))}
+            payload = {
+                "tokens": toy_tokens(
+                    str(body.get("content", "")), bool(body.get("add_special", False))
+                )
+            }
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     def events(self) -> list[bytes]:
@@ -193,12 +213,26 @@ class ToyLlama:
         if self.tool_calls:
             finish = "tool_calls"
             for i, (name, fragments) in enumerate(self.tool_calls):
-                events.append(chat_event({"tool_calls": [{
-                    "index": i, "id": f"call_{i}", "type": "function",
-                    "function": {"name": name, "arguments": ""}}]}))
+                events.append(
+                    chat_event(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": i,
+                                    "id": f"call_{i}",
+                                    "type": "function",
+                                    "function": {"name": name, "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
+                )
                 for fragment in fragments:
-                    events.append(chat_event({"tool_calls": [{
-                        "index": i, "function": {"arguments": fragment}}]}))
+                    events.append(
+                        chat_event(
+                            {"tool_calls": [{"index": i, "function": {"arguments": fragment}}]}
+                        )
+                    )
         else:
             events.append(chat_event({"content": "Here it is."}))
         events.append(chat_event({}, finish_reason=finish, timings=self.timings))
@@ -234,12 +268,14 @@ async def start(make_proxy: ProxyFactory, toy: ToyLlama, **accounting: Any) -> P
     return await make_proxy(toy.url, accounting={"enabled": True, **accounting})
 
 
-async def ask(proxy: ProxyUnderTest, body: dict[str, Any], path: str = CHAT
-              ) -> tuple[int, bytes, float]:
+async def ask(
+    proxy: ProxyUnderTest, body: dict[str, Any], path: str = CHAT
+) -> tuple[int, bytes, float]:
     """POST ``body``; the status, the whole response body and the seconds until it was read."""
     t0 = time.monotonic()
-    resp = await proxy.client.post(path, data=orjson.dumps(body),
-                                   headers={"Content-Type": "application/json"})
+    resp = await proxy.client.post(
+        path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+    )
     data = await resp.read()
     return resp.status, data, time.monotonic() - t0
 
@@ -274,8 +310,9 @@ async def schemas(proxy: ProxyUnderTest) -> Any:
     return orjson.loads(await resp.read())["schemas"]
 
 
-async def wait_per_tool(proxy: ProxyUnderTest, h: str, within: float = 3.0
-                        ) -> dict[str, int] | None:
+async def wait_per_tool(
+    proxy: ProxyUnderTest, h: str, within: float = 3.0
+) -> dict[str, int] | None:
     """``per_tool_tokens`` of schema ``h`` in ``/stats`` once known (None if never)."""
     deadline = time.monotonic() + within
     while True:
@@ -293,7 +330,7 @@ def expected_per_tool(body: dict[str, Any]) -> dict[str, int]:
     tools = body["tools"]
     full = input_tokens(body)
     return {
-        t["function"]["name"]: full - input_tokens({**body, "tools": tools[:i] + tools[i + 1:]})
+        t["function"]["name"]: full - input_tokens({**body, "tools": tools[:i] + tools[i + 1 :]})
         for i, t in enumerate(tools)
     }
 
@@ -321,8 +358,9 @@ class TestToyServer:
 
 
 class TestServerCounts:
-    async def test_schema_tokens_from_the_server(self, toy: ToyLlama,
-                                                 make_proxy: ProxyFactory) -> None:
+    async def test_schema_tokens_from_the_server(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """schema_tokens is the server's input_tokens with tools minus without, source server."""
         proxy = await start(make_proxy, toy)
         body = body_of([READ_FILE, WRITE_FILE, RUN_SHELL])
@@ -336,12 +374,14 @@ class TestServerCounts:
         assert record.schema_hash == schema_hash(body["tools"])
         assert record.schema_tools == 3
 
-    async def test_lookups_send_the_request_body(self, toy: ToyLlama,
-                                                 make_proxy: ProxyFactory) -> None:
+    async def test_lookups_send_the_request_body(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """input_tokens gets the body without stream options, once with and once without tools."""
         proxy = await start(make_proxy, toy)
-        body = body_of([READ_FILE], stream_options={"include_usage": True},
-                       parallel_tool_calls=False)
+        body = body_of(
+            [READ_FILE], stream_options={"include_usage": True}, parallel_tool_calls=False
+        )
         await ask(proxy, body)
         await wait_record(proxy)
         await settle(toy)
@@ -350,8 +390,7 @@ class TestServerCounts:
         assert sorted(sent, key=len) == [bare(counted), counted]
         assert all(b["add_special"] is True for b in toy.bodies[TOKENIZE][:2])
 
-    async def test_per_tool_tokens_in_stats(self, toy: ToyLlama,
-                                            make_proxy: ProxyFactory) -> None:
+    async def test_per_tool_tokens_in_stats(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
         """Leave-one-out counts per tool name appear in /stats schemas.by_hash[hash]."""
         toy.delay_s[INPUT_TOKENS] = 0.05  # the record is written before the schema is known
         proxy = await start(make_proxy, toy)
@@ -373,11 +412,11 @@ class TestServerCounts:
         await settle(toy)
         assert toy.calls[INPUT_TOKENS] == 2 + 1 + 2  # schema, then full + leave-one-out
         assert record.schema_hash is not None
-        assert await wait_per_tool(proxy, record.schema_hash, within=0.5) == \
-            expected_per_tool(body)
+        assert await wait_per_tool(proxy, record.schema_hash, within=0.5) == expected_per_tool(body)
 
-    async def test_single_tool_per_tool_is_the_schema(self, toy: ToyLlama,
-                                                      make_proxy: ProxyFactory) -> None:
+    async def test_single_tool_per_tool_is_the_schema(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """With one tool its own cost is the schema's, and no extra look-up is made."""
         proxy = await start(make_proxy, toy)
         body = body_of([RUN_SHELL])
@@ -385,12 +424,14 @@ class TestServerCounts:
         record = await wait_record(proxy)
         assert record.schema_hash is not None
         assert await wait_per_tool(proxy, record.schema_hash, within=1.0) == {
-            "run_shell": expected_schema_tokens(body)}
+            "run_shell": expected_schema_tokens(body)
+        }
         await settle(toy)
         assert toy.calls[INPUT_TOKENS] == 2
 
-    async def test_concurrent_requests_share_one_lookup(self, toy: ToyLlama,
-                                                        make_proxy: ProxyFactory) -> None:
+    async def test_concurrent_requests_share_one_lookup(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """Requests with the same schema in flight together wait on the same look-ups."""
         toy.delay_s[INPUT_TOKENS] = 0.1
         proxy = await start(make_proxy, toy)
@@ -400,20 +441,24 @@ class TestServerCounts:
         await settle(toy)
         assert toy.calls[INPUT_TOKENS] == 2
         assert {r.schema_tokens for r in proxy.captured.records} == {
-            expected_schema_tokens(bodies[0])}
+            expected_schema_tokens(bodies[0])
+        }
 
 
 class TestLookupCache:
-    async def test_same_schema_is_not_looked_up_again(self, toy: ToyLlama,
-                                                      make_proxy: ProxyFactory) -> None:
+    async def test_same_schema_is_not_looked_up_again(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """A second request with the same tools and system prompt makes no schema look-up."""
         proxy = await start(make_proxy, toy)
         await ask(proxy, body_of([READ_FILE]))
         first = await wait_record(proxy)
         await settle(toy)
         before = dict(toy.calls)
-        await ask(proxy, body_of([READ_FILE], user="And /etc/resolv.conf?", max_tokens=512,
-                                 temperature=0.7))
+        await ask(
+            proxy,
+            body_of([READ_FILE], user="And /etc/resolv.conf?", max_tokens=512, temperature=0.7),
+        )
         second = await wait_record(proxy, 2)
         await settle(toy)
         assert dict(toy.calls) == {**before, CHAT: before[CHAT] + 1}
@@ -421,8 +466,9 @@ class TestLookupCache:
         assert second.schema_hash == first.schema_hash
         assert second.schema_tokens_source == "server"
 
-    async def test_changed_system_prompt_is_looked_up(self, toy: ToyLlama,
-                                                      make_proxy: ProxyFactory) -> None:
+    async def test_changed_system_prompt_is_looked_up(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """A changed system prompt moves the tools block, so the schema is looked up again."""
         proxy = await start(make_proxy, toy)
         await ask(proxy, body_of([READ_FILE]))
@@ -438,8 +484,9 @@ class TestLookupCache:
         assert second.schema_hash == first.schema_hash
         assert second.schema_tokens == expected_schema_tokens(body)
 
-    async def test_changed_tools_are_looked_up(self, toy: ToyLlama,
-                                               make_proxy: ProxyFactory) -> None:
+    async def test_changed_tools_are_looked_up(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """Different tools are a different schema: new look-ups, another hash."""
         proxy = await start(make_proxy, toy)
         await ask(proxy, body_of([READ_FILE]))
@@ -454,8 +501,9 @@ class TestLookupCache:
 
 
 class TestSchemaCost:
-    async def test_cold_request_pays_every_schema_token(self, toy: ToyLlama,
-                                                         make_proxy: ProxyFactory) -> None:
+    async def test_cold_request_pays_every_schema_token(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """With nothing cached the schema costs schema_tokens * prompt_ms / prompt_n."""
         toy.timings = make_timings(prompt_n=250, prompt_ms=500.0, cache_n=0)
         proxy = await start(make_proxy, toy)
@@ -468,8 +516,7 @@ class TestSchemaCost:
         assert record.schema_saved_ms == 0.0
         assert record.schema_prefilled_again is False
 
-    async def test_warm_request_pays_nothing(self, toy: ToyLlama,
-                                             make_proxy: ProxyFactory) -> None:
+    async def test_warm_request_pays_nothing(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
         """With the cache past the block the schema is cached, costs 0 ms and saves the
         reference rate (from the cold request) per token."""
         toy.timings = make_timings(prompt_n=250, prompt_ms=500.0, cache_n=0)
@@ -490,10 +537,12 @@ class TestSchemaCost:
         assert entry["paid_ms"] == pytest.approx(tokens * 2.0, abs=0.01)
         assert entry["saved_ms"] == pytest.approx(tokens * 2.0, abs=0.01)
 
-    @pytest.mark.parametrize(("short_by", "cached"), [(0, True), (-3, True), (1, False),
-                                                      (10, False)])
-    async def test_cache_reach_at_the_block_end(self, toy: ToyLlama, make_proxy: ProxyFactory,
-                                                short_by: int, cached: bool) -> None:
+    @pytest.mark.parametrize(
+        ("short_by", "cached"), [(0, True), (-3, True), (1, False), (10, False)]
+    )
+    async def test_cache_reach_at_the_block_end(
+        self, toy: ToyLlama, make_proxy: ProxyFactory, short_by: int, cached: bool
+    ) -> None:
         """A cache reaching the block's end covers it; stopping n positions short pays n of
         its span's positions, as a fraction of the schema tokens."""
         body = body_of([READ_FILE, WRITE_FILE])
@@ -537,8 +586,9 @@ class TestPrefilledAgain:
         assert events[0]["schema_tokens"] == expected_schema_tokens(body)
         assert events[0]["cache_n"] == 0
 
-    async def test_warm_repeat_is_not_flagged(self, toy: ToyLlama,
-                                              make_proxy: ProxyFactory) -> None:
+    async def test_warm_repeat_is_not_flagged(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """A known schema served from the cache is not prefilled again."""
         proxy = await start(make_proxy, toy)
         await ask(proxy, body_of([READ_FILE]))
@@ -551,13 +601,15 @@ class TestPrefilledAgain:
 
 
 class TestToolArgs:
-    async def test_args_tokens_from_the_server(self, toy: ToyLlama,
-                                               make_proxy: ProxyFactory) -> None:
+    async def test_args_tokens_from_the_server(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """tool_args_tokens is /tokenize's count of the streamed arguments, source server, and
         tool_call_tokens is predicted_n."""
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
-        toy.timings = make_timings(prompt_n=200, prompt_ms=400.0, predicted_n=17,
-                                   predicted_ms=160.0)
+        toy.timings = make_timings(
+            prompt_n=200, prompt_ms=400.0, predicted_n=17, predicted_ms=160.0
+        )
         proxy = await start(make_proxy, toy)
         await ask(proxy, body_of([READ_FILE]))
         record = await wait_record(proxy)
@@ -566,11 +618,13 @@ class TestToolArgs:
         assert record.tool_args_tokens == len(toy_tokens(ARGS, False)) == 4
         assert record.tool_args_tokens_source == "server"
         assert record.tool_call_tokens == record.predicted_n == 17
-        assert {"content": ARGS, "add_special": False, "parse_special": True} in \
-            toy.bodies[TOKENIZE]
+        assert {"content": ARGS, "add_special": False, "parse_special": True} in toy.bodies[
+            TOKENIZE
+        ]
 
-    async def test_args_of_several_calls_are_summed(self, toy: ToyLlama,
-                                                    make_proxy: ProxyFactory) -> None:
+    async def test_args_of_several_calls_are_summed(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """Parallel calls' argument tokens add up."""
         other = '{"command": "ls -la /tmp", "cwd": "/", "timeout": "5"}'
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS), ("run_shell", [other[:9], other[9:]])]
@@ -579,10 +633,10 @@ class TestToolArgs:
         record = await wait_record(proxy)
         assert record.tool_calls == 2
         assert record.tool_args_tokens == len(toy_tokens(ARGS, False)) + len(
-            toy_tokens(other, False))
+            toy_tokens(other, False)
+        )
 
-    async def test_text_answer_has_no_args(self, toy: ToyLlama,
-                                           make_proxy: ProxyFactory) -> None:
+    async def test_text_answer_has_no_args(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
         """A tool request answered with text has no tool-call fields and tokenizes no args."""
         proxy = await start(make_proxy, toy)
         await ask(proxy, body_of([READ_FILE]))
@@ -597,8 +651,9 @@ class TestToolArgs:
 
 class TestFallback:
     @pytest.mark.parametrize("status", [404, 405, 501])
-    async def test_old_server_gives_estimates(self, toy: ToyLlama, make_proxy: ProxyFactory,
-                                              status: int) -> None:
+    async def test_old_server_gives_estimates(
+        self, toy: ToyLlama, make_proxy: ProxyFactory, status: int
+    ) -> None:
         """Without the endpoints, schema and argument tokens are tiktoken estimates."""
         toy.lookup_status = status
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
@@ -662,9 +717,18 @@ class TestFailure:
         assert status == 200
         assert data == toy.sent[0]
         assert record.outcome == "completed"
-        for name in ("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source",
-                     "schema_cached", "schema_prefill_ms", "schema_saved_ms",
-                     "schema_prefilled_again", "tool_args_tokens", "tool_args_tokens_source"):
+        for name in (
+            "schema_hash",
+            "schema_tools",
+            "schema_tokens",
+            "schema_tokens_source",
+            "schema_cached",
+            "schema_prefill_ms",
+            "schema_saved_ms",
+            "schema_prefilled_again",
+            "tool_args_tokens",
+            "tool_args_tokens_source",
+        ):
             assert getattr(record, name) is None, name
         assert record.accounting_error is not None
         assert "schema: ClientResponseError" in record.accounting_error
@@ -693,8 +757,10 @@ class TestFailure:
     ) -> None:
         """With the upstream down the agent gets a 502 and the record still arrives, with the
         look-up failure named."""
-        proxy = await make_proxy(f"http://127.0.0.1:{unused_tcp_port}",
-                                 accounting={"enabled": True, "lookup_timeout_s": 2.0})
+        proxy = await make_proxy(
+            f"http://127.0.0.1:{unused_tcp_port}",
+            accounting={"enabled": True, "lookup_timeout_s": 2.0},
+        )
         status, _, _ = await ask(proxy, body_of([READ_FILE]))
         record = await wait_record(proxy)
         assert status == 502
@@ -705,8 +771,9 @@ class TestFailure:
 
 
 class TestHotPath:
-    async def test_slow_lookups_do_not_delay_the_answer(self, toy: ToyLlama,
-                                                        make_proxy: ProxyFactory) -> None:
+    async def test_slow_lookups_do_not_delay_the_answer(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """Look-ups taking 2 s leave the agent's response fast; the record follows, complete."""
         toy.delay_s[INPUT_TOKENS] = 2.0
         proxy = await start(make_proxy, toy, lookup_timeout_s=5.0)
@@ -720,8 +787,9 @@ class TestHotPath:
         assert record.accounting_error is None
         assert record.schema_tokens == expected_schema_tokens(body)
 
-    async def test_lookup_timeout_names_the_failure(self, toy: ToyLlama,
-                                                    make_proxy: ProxyFactory) -> None:
+    async def test_lookup_timeout_names_the_failure(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """Look-ups slower than lookup_timeout_s give a record with a timeout error, in time."""
         toy.delay_s[INPUT_TOKENS] = 2.0
         proxy = await start(make_proxy, toy, lookup_timeout_s=0.3)
@@ -744,8 +812,9 @@ class TestNoTools:
             pytest.param({**body_of([]), "tools": []}, id="empty-tools"),
         ],
     )
-    async def test_chat_makes_no_lookups(self, toy: ToyLlama, make_proxy: ProxyFactory,
-                                         body: dict[str, Any]) -> None:
+    async def test_chat_makes_no_lookups(
+        self, toy: ToyLlama, make_proxy: ProxyFactory, body: dict[str, Any]
+    ) -> None:
         """A chat request without tools triggers no look-up and no schema fields."""
         proxy = await start(make_proxy, toy)
         status, _, _ = await ask(proxy, body)
@@ -758,8 +827,9 @@ class TestNoTools:
         assert record.accounting_error is None
         assert (await schemas(proxy)) == {"prefilled_again": 0, "by_hash": {}}
 
-    async def test_accounting_off_makes_no_lookups(self, toy: ToyLlama,
-                                                   make_proxy: ProxyFactory) -> None:
+    async def test_accounting_off_makes_no_lookups(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
         """With accounting off a tool request is relayed with no look-up and /stats says null."""
         proxy = await make_proxy(toy.url)
         await ask(proxy, body_of([READ_FILE]))

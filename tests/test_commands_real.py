@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.bench import Prompt, PromptSet, load_prompts, run_bench
-from proxy.record import Kind
-from proxy.report import build_report, load_runs
+from proxy.commands.bench import Prompt, PromptSet, load_prompts, run_bench
+from proxy.commands.report import build_report, load_runs
+from proxy.core.record import Kind
 from tests.conftest import ProxyProcess
 from tests.llama import LlamaArtifacts
 
@@ -24,19 +24,22 @@ def _small_set() -> PromptSet:
     chat = next(p for p in full.prompts if p.kind is Kind.CHAT)
     tool = next(p for p in full.prompts if p.name == "weather")
     options = {**full.options, "max_tokens": 12}
-    return PromptSet([chat, Prompt(tool.name, tool.kind, tool.messages, tool.tools)], options,
-                     full.tool_options)
+    return PromptSet(
+        [chat, Prompt(tool.name, tool.kind, tool.messages, tool.tools)], options, full.tool_options
+    )
 
 
 class TestBench:
     """The harness writes logs that report reads."""
 
-    def test_bench_through_the_proxy_then_report(self, proxy_process: ProxyProcess,
-                                                 tmp_path: Path) -> None:
+    def test_bench_through_the_proxy_then_report(
+        self, proxy_process: ProxyProcess, tmp_path: Path
+    ) -> None:
         """Two runs of a chat and a tool prompt give two logs of proxy records; report
         summarises both kinds and both runs."""
-        files = run_bench(proxy_process.url, prompts=_small_set(), runs=2,
-                          out_dir=str(tmp_path), progress=None)
+        files = run_bench(
+            proxy_process.url, prompts=_small_set(), runs=2, out_dir=str(tmp_path), progress=None
+        )
         assert len(files) == 2
         lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
         assert len(lines) == 4
@@ -54,8 +57,9 @@ class TestBench:
     def test_bench_direct(self, llama_server: object, tmp_path: Path) -> None:
         """--direct sends the same set straight to llama-server and still writes records."""
         url = llama_server.url  # type: ignore[attr-defined]
-        files = run_bench(url, direct=True, prompts=_small_set(), runs=1,
-                          out_dir=str(tmp_path), progress=None)
+        files = run_bench(
+            url, direct=True, prompts=_small_set(), runs=1, out_dir=str(tmp_path), progress=None
+        )
         lines = [json.loads(line) for line in files[0].read_text().splitlines()]
         assert [line["kind"] for line in lines] == ["chat", "tool"]
         for line in lines:
@@ -67,14 +71,29 @@ class TestBench:
 class TestDemo:
     """The README's first command, with the cache present."""
 
-    def test_demo_runs_end_to_end(self, llama_artifacts: LlamaArtifacts, tmp_path: Path
-                                  ) -> None:
+    def test_demo_runs_end_to_end(self, llama_artifacts: LlamaArtifacts, tmp_path: Path) -> None:
         """`timing-proxy demo --no-wait` provisions from the cache, serves, benches and
         prints a report and the URLs."""
         out = subprocess.run(
-            [sys.executable, "-m", "proxy", "demo", "--no-wait", "--runs", "1",
-             "--port", "0", "--llama-port", "0", "--out", str(tmp_path / "demo")],
-            capture_output=True, text=True, timeout=600, env={**os.environ},
+            [
+                sys.executable,
+                "-m",
+                "proxy",
+                "demo",
+                "--no-wait",
+                "--runs",
+                "1",
+                "--port",
+                "0",
+                "--llama-port",
+                "0",
+                "--out",
+                str(tmp_path / "demo"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ},
             check=False,
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

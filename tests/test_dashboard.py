@@ -21,9 +21,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.app import STATS
-from proxy.record import Kind, Outcome, Record
-from proxy.stats import Stats
+from proxy.core.record import Kind, Outcome, Record
+from proxy.core.stats import Stats
+from proxy.serve.app import STATS
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, load_recording, replay
 from tests.terminal import terminal_log
@@ -56,8 +56,10 @@ def _ci() -> bool:
 
 def _unavailable(reason: str) -> NoReturn:
     if _ci():
-        pytest.fail(f"{reason} (CI installs them: apt-get install chromium; "
-                    "pip install playwright)", pytrace=False)
+        pytest.fail(
+            f"{reason} (CI installs them: apt-get install chromium; pip install playwright)",
+            pytrace=False,
+        )
     pytest.skip(reason)
 
 
@@ -71,9 +73,6 @@ def _artifacts() -> Path:
     return path
 
 
-
-
-
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     """A headless Debian Chromium (never a downloaded one)."""
@@ -82,8 +81,7 @@ async def browser() -> AsyncIterator[Browser]:
     if not _chromium_present():
         _unavailable(f"no Chromium at {CHROMIUM} (Debian package: chromium)")
     async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=CHROMIUM_ARGS)
+        b = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             yield b
         finally:
@@ -115,20 +113,25 @@ def _url(server: TestServer) -> str:
 async def _wait_records(proxy: ProxyUnderTest, count: int, within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while len(proxy.captured.records) < count:
-        assert time.monotonic() < deadline, f"the proxy wrote {len(proxy.captured.records)} " \
-                                            f"records, wanted {count}"
+        assert time.monotonic() < deadline, (
+            f"the proxy wrote {len(proxy.captured.records)} records, wanted {count}"
+        )
         await asyncio.sleep(0.01)
 
 
-async def _send(upstream: FakeUpstream, proxy: ProxyUnderTest, name: str,
-                speed: float = 0.0) -> str:
+async def _send(
+    upstream: FakeUpstream, proxy: ProxyUnderTest, name: str, speed: float = 0.0
+) -> str:
     """Replay recording ``name`` through the proxy; the id of the record it made."""
     rec = load_recording(name)
     upstream.script = replay(rec, speed=speed)
     before = len(proxy.captured.records)
-    resp = await proxy.client.request(rec.request_method, rec.request_path,
-                                      data=rec.request_body,
-                                      headers={"Content-Type": "application/json"})
+    resp = await proxy.client.request(
+        rec.request_method,
+        rec.request_path,
+        data=rec.request_body,
+        headers={"Content-Type": "application/json"},
+    )
     await resp.read()
     await _wait_records(proxy, before + 1)
     return proxy.captured.records[-1].id
@@ -136,7 +139,8 @@ async def _send(upstream: FakeUpstream, proxy: ProxyUnderTest, name: str,
 
 async def _row_ids(page: Page) -> list[str]:
     ids: list[str] = await page.eval_on_selector_all(
-        ROW, "rows => rows.map(r => r.getAttribute('data-id'))")
+        ROW, "rows => rows.map(r => r.getAttribute('data-id'))"
+    )
     return ids
 
 
@@ -149,7 +153,9 @@ async def _count(page: Page, kind: str) -> str:
 
 
 async def test_dashboard_shows_each_request_clock(
-    fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactory, browser: Browser,
+    fake: tuple[FakeUpstream, TestServer],
+    make_proxy: ProxyFactory,
+    browser: Browser,
     request: pytest.FixtureRequest,
 ) -> None:
     """Real requests through the proxy, then the page: one clock per request, the summary."""
@@ -228,7 +234,9 @@ async def test_dashboard_updates_live_and_pauses(
     assert await page.evaluate("window.__sameDocument === true"), "the page was reloaded"
     await page.wait_for_function(
         """() => document.querySelector('.kindcard[data-kind="tool"] [data-field="count"]')
-                 ?.textContent.trim() === '1'""", timeout=5000)
+                 ?.textContent.trim() === '1'""",
+        timeout=5000,
+    )
 
     # a hidden tab does not poll; visible again, it polls at once
     await page.evaluate("""() => {
@@ -243,8 +251,7 @@ async def test_dashboard_updates_live_and_pauses(
         Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
         document.dispatchEvent(new Event('visibilitychange'));
     }""")
-    await page.wait_for_function(f"() => window.timingProxyDashboard.polls > {polls}",
-                                 timeout=3000)
+    await page.wait_for_function(f"() => window.timingProxyDashboard.polls > {polls}", timeout=3000)
 
     # paused: no new rows; resumed: they come
     await page.click("#pause")
@@ -271,10 +278,21 @@ def _synthetic_records(n: int, seed: int = 7) -> list[Record]:
         rid = f"{i:016x}"
         ts = f"2026-11-30T04:{(i // 60) % 60:02d}:{i % 60:02d}.000Z"
         if rnd.random() < 0.03:
-            out.append(Record(id=rid, ts=ts, method="POST", path="/v1/chat/completions",
-                              model="gemma", stream=stream, kind=kind, status=502,
-                              outcome=Outcome.UPSTREAM_UNREACHABLE, e2e_ms=0.8,
-                              error="upstream unreachable: ServerDisconnectedError"))
+            out.append(
+                Record(
+                    id=rid,
+                    ts=ts,
+                    method="POST",
+                    path="/v1/chat/completions",
+                    model="gemma",
+                    stream=stream,
+                    kind=kind,
+                    status=502,
+                    outcome=Outcome.UPSTREAM_UNREACHABLE,
+                    e2e_ms=0.8,
+                    error="upstream unreachable: ServerDisconnectedError",
+                )
+            )
             continue
         prompt = rnd.randint(300, 900) if kind is Kind.TOOL else rnd.randint(20, 400)
         cache = rnd.randint(0, prompt - 5)
@@ -287,21 +305,37 @@ def _synthetic_records(n: int, seed: int = 7) -> list[Record]:
         ttft = ttfb + (decode * 0.6 if kind is Kind.TOOL else 0.0)
         e2e = ttfb + decode + rnd.uniform(0.2, 3.0)
         schema_ms = prefill * 0.7 if kind is Kind.TOOL and cache < 200 else 0.0
-        out.append(Record(
-            id=rid, ts=ts, method="POST", path="/v1/chat/completions",
-            model="gemma-3-270m-q4_k_m.gguf", stream=stream, kind=kind, status=200,
-            ttfb_ms=ttfb if stream else e2e, ttft_ms=ttft if stream else None, e2e_ms=e2e,
-            decode_wall_ms=e2e - ttft if stream else None,
-            prefill_ms=prefill, decode_ms=decode, prompt_n=prompt - cache, cache_n=cache,
-            predicted_n=predicted, prompt_tokens=prompt, cache_hit_ratio=cache / prompt,
-            decode_tok_s=rate, overhead_ms=ttft - prefill if stream else None,
-            tool_calls=1 if kind is Kind.TOOL else 0,
-            tool_call_valid=(rnd.random() > 0.1) if kind is Kind.TOOL else None,
-            tool_call_ms=e2e - 1.0 if kind is Kind.TOOL else None,
-            schema_hash="6a98445ed550" if kind is Kind.TOOL else None,
-            schema_prefill_ms=schema_ms if kind is Kind.TOOL else None,
-            finish_reason="tool_calls" if kind is Kind.TOOL else "stop",
-        ))
+        out.append(
+            Record(
+                id=rid,
+                ts=ts,
+                method="POST",
+                path="/v1/chat/completions",
+                model="gemma-3-270m-q4_k_m.gguf",
+                stream=stream,
+                kind=kind,
+                status=200,
+                ttfb_ms=ttfb if stream else e2e,
+                ttft_ms=ttft if stream else None,
+                e2e_ms=e2e,
+                decode_wall_ms=e2e - ttft if stream else None,
+                prefill_ms=prefill,
+                decode_ms=decode,
+                prompt_n=prompt - cache,
+                cache_n=cache,
+                predicted_n=predicted,
+                prompt_tokens=prompt,
+                cache_hit_ratio=cache / prompt,
+                decode_tok_s=rate,
+                overhead_ms=ttft - prefill if stream else None,
+                tool_calls=1 if kind is Kind.TOOL else 0,
+                tool_call_valid=(rnd.random() > 0.1) if kind is Kind.TOOL else None,
+                tool_call_ms=e2e - 1.0 if kind is Kind.TOOL else None,
+                schema_hash="6a98445ed550" if kind is Kind.TOOL else None,
+                schema_prefill_ms=schema_ms if kind is Kind.TOOL else None,
+                finish_reason="tool_calls" if kind is Kind.TOOL else "stop",
+            )
+        )
     return out
 
 
@@ -317,23 +351,41 @@ def _stats_doc(records: list[Record], schemas: dict[str, Any] | None = None) -> 
 SCHEMAS = {
     "prefilled_again": 3,
     "by_hash": {
-        "6a98445ed550": {"tokens": 265, "tools": 2, "source": "server", "calls": 2000,
-                         "cached": 1500, "paid_ms": 91234.5, "saved_ms": 301000.25,
-                         "prefilled_again": 3,
-                         "per_tool_tokens": {"get_weather": 118, "move_arm": 131}},
-        "0123456789ab": {"tokens": 40, "tools": 1, "source": "estimate", "calls": 3,
-                         "cached": 0, "paid_ms": 120.0, "saved_ms": 0.0,
-                         "prefilled_again": 0, "per_tool_tokens": None},
+        "6a98445ed550": {
+            "tokens": 265,
+            "tools": 2,
+            "source": "server",
+            "calls": 2000,
+            "cached": 1500,
+            "paid_ms": 91234.5,
+            "saved_ms": 301000.25,
+            "prefilled_again": 3,
+            "per_tool_tokens": {"get_weather": 118, "move_arm": 131},
+        },
+        "0123456789ab": {
+            "tokens": 40,
+            "tools": 1,
+            "source": "estimate",
+            "calls": 3,
+            "cached": 0,
+            "paid_ms": 120.0,
+            "saved_ms": 0.0,
+            "prefilled_again": 0,
+            "per_tool_tokens": None,
+        },
     },
 }
 
 
-def _serve(body: bytes, check: Callable[[Route], bool] | None = None,
-           ) -> Callable[[Route], Any]:
+def _serve(
+    body: bytes,
+    check: Callable[[Route], bool] | None = None,
+) -> Callable[[Route], Any]:
     async def handler(route: Route) -> None:
         if check is not None and not check(route):
-            await route.fulfill(status=401, content_type="application/json",
-                                body=b'{"error":"unauthorized"}')
+            await route.fulfill(
+                status=401, content_type="application/json", body=b'{"error":"unauthorized"}'
+            )
             return
         await route.fulfill(status=200, content_type="application/json", body=body)
 
@@ -346,8 +398,14 @@ async def test_dashboard_stays_small_with_5000_records(
     """5,000 recent records in the proxy's own /stats: fast, only visible rows in the DOM."""
     records = _synthetic_records(5000)
     hostile = '<img src=x onerror="window.__xss=1">'
-    records[-1] = Record(**{**records[-1].to_dict(), "kind": Kind.CHAT,
-                            "outcome": Outcome.COMPLETED, "model": hostile})
+    records[-1] = Record(
+        **{
+            **records[-1].to_dict(),
+            "kind": Kind.CHAT,
+            "outcome": Outcome.COMPLETED,
+            "model": hostile,
+        }
+    )
     proxy = await make_proxy("http://127.0.0.1:9", stats={"recent": 5000})
     stats = proxy.app[STATS]
     for r in records:
@@ -383,7 +441,8 @@ async def test_dashboard_stays_small_with_5000_records(
     await page.select_option("#fkind", "tool")
     await page.wait_for_function(
         "() => [...document.querySelectorAll('.row[data-id]')]"
-        ".every(r => r.dataset.kind === 'tool')")
+        ".every(r => r.dataset.kind === 'tool')"
+    )
     assert 0 < await page.locator(ROW).count() <= 80
     await page.select_option("#scale", "fit")
     assert await page.locator(".row .tool-marker").count() > 0
@@ -416,8 +475,7 @@ async def test_dashboard_schema_table(make_proxy: ProxyFactory, browser: Browser
     assert errors == []
 
 
-async def test_dashboard_asks_for_the_token(make_proxy: ProxyFactory, browser: Browser
-                                           ) -> None:
+async def test_dashboard_asks_for_the_token(make_proxy: ProxyFactory, browser: Browser) -> None:
     """/stats answering 401: a token prompt; the token goes out as a Bearer header."""
     records = _synthetic_records(3)
     body = _stats_doc(records)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.deadline import Deadlines
+from proxy.serve.deadline import Deadlines
 
 
 class TestDeadlines:

@@ -33,7 +33,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from proxy.cli import _parser
+from proxy.commands.cli import _parser
 from proxy.config import load_config, parse_listen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,8 +206,9 @@ def test_compose_defines_llama_server_and_proxy(services: dict[str, Any]) -> Non
     assert {"llama-server", "timing-proxy"} <= set(services)
 
 
-def test_proxy_upstream_is_the_llama_server_service(proxy_cmd: list[str],
-                                                    llama_cmd: list[str]) -> None:
+def test_proxy_upstream_is_the_llama_server_service(
+    proxy_cmd: list[str], llama_cmd: list[str]
+) -> None:
     """The proxy's --upstream names the llama-server service and the port llama-server uses."""
     host, port = host_port(flag_value(proxy_cmd, "--upstream"))
     assert host == "llama-server"
@@ -220,8 +221,9 @@ def test_llama_server_serves_metrics_on_all_interfaces(llama_cmd: list[str]) -> 
     assert flag_value(llama_cmd, "--host") == "0.0.0.0"
 
 
-def test_llama_server_healthcheck_probes_its_port(services: dict[str, Any],
-                                                  llama_cmd: list[str]) -> None:
+def test_llama_server_healthcheck_probes_its_port(
+    services: dict[str, Any], llama_cmd: list[str]
+) -> None:
     """llama-server's healthcheck GETs /health on the port given by its --port."""
     test = argv(services["llama-server"]["healthcheck"]["test"])
     url = healthcheck_url(test)
@@ -235,9 +237,9 @@ def test_proxy_waits_for_a_healthy_llama_server(services: dict[str, Any]) -> Non
     assert depends["llama-server"]["condition"] == "service_healthy"
 
 
-def test_published_port_matches_listen_and_expose(services: dict[str, Any],
-                                                  proxy_cmd: list[str],
-                                                  final: dict[str, list[Instruction]]) -> None:
+def test_published_port_matches_listen_and_expose(
+    services: dict[str, Any], proxy_cmd: list[str], final: dict[str, list[Instruction]]
+) -> None:
     """The proxy's published container port is its --listen port and the image's EXPOSE."""
     port = listen_port(proxy_cmd)
     (published,) = services["timing-proxy"]["ports"]
@@ -248,16 +250,17 @@ def test_published_port_matches_listen_and_expose(services: dict[str, Any],
 
 
 def test_proxy_listens_on_all_interfaces_but_publishes_on_loopback(
-        services: dict[str, Any], proxy_cmd: list[str]) -> None:
+    services: dict[str, Any], proxy_cmd: list[str]
+) -> None:
     """Inside the container the proxy binds 0.0.0.0; the host publishes it on 127.0.0.1 only."""
     assert parse_listen(flag_value(proxy_cmd, "--listen"))[0] == "0.0.0.0"
     (published,) = services["timing-proxy"]["ports"]
     assert str(published).startswith("127.0.0.1:")
 
 
-def test_stop_grace_period_exceeds_the_drain_time(services: dict[str, Any],
-                                                  proxy_cmd: list[str],
-                                                  final: dict[str, list[Instruction]]) -> None:
+def test_stop_grace_period_exceeds_the_drain_time(
+    services: dict[str, Any], proxy_cmd: list[str], final: dict[str, list[Instruction]]
+) -> None:
     """Docker waits longer than shutdown_drain_s before SIGKILL, so streams can drain."""
     # the container loads the repository's config.toml, copied to the path --config names
     copies = {tuple(inst.args.split()) for inst in final["COPY"]}
@@ -267,8 +270,9 @@ def test_stop_grace_period_exceeds_the_drain_time(services: dict[str, Any],
     assert grace > config.server.shutdown_drain_s
 
 
-def test_sigterm_reaches_the_proxy_directly(services: dict[str, Any],
-                                            final: dict[str, list[Instruction]]) -> None:
+def test_sigterm_reaches_the_proxy_directly(
+    services: dict[str, Any], final: dict[str, list[Instruction]]
+) -> None:
     """The proxy is PID 1 (exec-form ENTRYPOINT, no init) and is stopped with SIGTERM."""
     (entrypoint,) = final["ENTRYPOINT"]
     assert entrypoint.exec_form() == ["timing-proxy"]
@@ -279,8 +283,9 @@ def test_sigterm_reaches_the_proxy_directly(services: dict[str, Any],
     assert "entrypoint" not in proxy
 
 
-def test_compose_command_is_the_image_cmd(proxy_cmd: list[str],
-                                          final: dict[str, list[Instruction]]) -> None:
+def test_compose_command_is_the_image_cmd(
+    proxy_cmd: list[str], final: dict[str, list[Instruction]]
+) -> None:
     """compose.yaml spells out the image's own CMD, so both start the same proxy."""
     assert proxy_cmd == image_cmd(final)
 
@@ -323,16 +328,21 @@ def test_version_label_matches_pyproject(final: dict[str, list[Instruction]]) ->
     assert 'org.opencontainers.image.version="${VERSION}"' in labels
 
 
-def test_build_context_filter_lets_in_what_the_build_copies(
-        dockerfile: list[Instruction]) -> None:
+def test_build_context_filter_lets_in_what_the_build_copies(dockerfile: list[Instruction]) -> None:
     """Dockerfile.dockerignore excludes everything but the files the Dockerfile copies."""
-    lines = [ln.strip() for ln in
-             (DOCKER / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()]
+    lines = [
+        ln.strip()
+        for ln in (DOCKER / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    ]
     patterns = [ln for ln in lines if ln and not ln.startswith("#")]
     assert patterns[0] == "*"
     allowed = {p[1:] for p in patterns if p.startswith("!")}
-    sources = [src for inst in dockerfile if inst.keyword == "COPY" and not inst.flag("from")
-               for src in inst.args.split()[:-1]]
+    sources = [
+        src
+        for inst in dockerfile
+        if inst.keyword == "COPY" and not inst.flag("from")
+        for src in inst.args.split()[:-1]
+    ]
     for src in sources:
         if src != ".":
             assert src in allowed or src.split("/")[0] in allowed, src
@@ -341,8 +351,9 @@ def test_build_context_filter_lets_in_what_the_build_copies(
     assert not allowed & {".venv", ".git", "tests", "bench"}
 
 
-def test_healthchecks_probe_the_listen_port(services: dict[str, Any], proxy_cmd: list[str],
-                                            final: dict[str, list[Instruction]]) -> None:
+def test_healthchecks_probe_the_listen_port(
+    services: dict[str, Any], proxy_cmd: list[str], final: dict[str, list[Instruction]]
+) -> None:
     """The image's and compose's proxy healthchecks run the copied script on the listen port."""
     port = listen_port(proxy_cmd)
     (check,) = final["HEALTHCHECK"]
@@ -351,31 +362,39 @@ def test_healthchecks_probe_the_listen_port(services: dict[str, Any], proxy_cmd:
     image_test = json.loads(rest)
     compose_test = argv(services["timing-proxy"]["healthcheck"]["test"])
     assert compose_test[0] == "CMD"
-    copied = {inst.args.split()[-1] for inst in final["COPY"]
-              if inst.args.split()[0] == "docker/healthcheck.py"}
+    copied = {
+        inst.args.split()[-1]
+        for inst in final["COPY"]
+        if inst.args.split()[0] == "docker/healthcheck.py"
+    }
     for test in (image_test, compose_test[1:]):
         assert test[0] == "python" and test[1] in copied
         url = healthcheck_url(test)
         assert host_port(url) == ("127.0.0.1", port)
         assert urlsplit(url).path == "/stats"
     # the script gives up before Docker would kill it
-    script_timeout = float(re.findall(r"^TIMEOUT_S = ([\d.]+)", HEALTHCHECK_SCRIPT.read_text(
-        encoding="utf-8"), re.M)[0])
+    script_timeout = float(
+        re.findall(r"^TIMEOUT_S = ([\d.]+)", HEALTHCHECK_SCRIPT.read_text(encoding="utf-8"), re.M)[
+            0
+        ]
+    )
     timeouts = [check.flag("timeout"), services["timing-proxy"]["healthcheck"]["timeout"]]
     assert all(script_timeout < go_duration_s(t) for t in timeouts)
 
 
 @pytest.mark.parametrize("source", ["compose", "image"])
-def test_command_line_is_accepted_by_the_cli(source: str, proxy_cmd: list[str],
-                                             final: dict[str, list[Instruction]]) -> None:
+def test_command_line_is_accepted_by_the_cli(
+    source: str, proxy_cmd: list[str], final: dict[str, list[Instruction]]
+) -> None:
     """The real CLI parser and config loader accept the proxy's container command line."""
     cmd = proxy_cmd if source == "compose" else image_cmd(final)
     args = _parser().parse_args(cmd)  # exits (SystemExit) on an unknown flag
     assert args.command == "serve"
     host, port = parse_listen(args.listen)
-    config = load_config(ROOT / "config.toml",
-                         {"server": {"host": host, "port": port},
-                          "upstream": {"url": args.upstream}})
+    config = load_config(
+        ROOT / "config.toml",
+        {"server": {"host": host, "port": port}, "upstream": {"url": args.upstream}},
+    )
     assert config.upstream.url == "http://llama-server:8080"
 
 
@@ -404,15 +423,20 @@ def test_prometheus_service_is_optional(services: dict[str, Any]) -> None:
 
 
 def run_healthcheck(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HEALTHCHECK_SCRIPT), url],
-                          capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK_SCRIPT), url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize(("status", "healthy"),
-                         [(200, True), (204, True), (401, True), (403, False), (404, False),
-                          (500, False), (503, False)])
-async def test_healthcheck_script_status(aiohttp_server: Any, status: int,
-                                         healthy: bool) -> None:
+@pytest.mark.parametrize(
+    ("status", "healthy"),
+    [(200, True), (204, True), (401, True), (403, False), (404, False), (500, False), (503, False)],
+)
+async def test_healthcheck_script_status(aiohttp_server: Any, status: int, healthy: bool) -> None:
     """healthcheck.py exits 0 for a 2xx or a 401 answer and 1 for any other status."""
 
     async def stats(request: web.Request) -> web.Response:
@@ -422,8 +446,11 @@ async def test_healthcheck_script_status(aiohttp_server: Any, status: int,
     app.router.add_get("/stats", stats)
     server = await aiohttp_server(app)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(HEALTHCHECK_SCRIPT), str(server.make_url("/stats")),
-        stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(HEALTHCHECK_SCRIPT),
+        str(server.make_url("/stats")),
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == (0 if healthy else 1), out
     assert f"HTTP {status}" in out.decode()
@@ -444,8 +471,7 @@ class Served:
 
 
 @pytest.fixture
-def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path
-                    ) -> Iterator[Any]:
+def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path) -> Iterator[Any]:
     """Start the image's CMD here, as ``python -m proxy``, with the image's ENV."""
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -469,8 +495,13 @@ def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path
                     env[key] = value
         stderr = tmp_path / "stderr.txt"
         with stderr.open("wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "proxy", *cmd], cwd=tmp_path,
-                                    stdout=subprocess.DEVNULL, stderr=err, env=env)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "proxy", *cmd],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+            )
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
@@ -491,9 +522,9 @@ def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path
         proc.wait(timeout=10)
 
 
-def test_image_cmd_serves_is_healthy_and_stops_on_sigterm(serve_image_cmd: Any,
-                                                          final: dict[str, list[Instruction]]
-                                                          ) -> None:
+def test_image_cmd_serves_is_healthy_and_stops_on_sigterm(
+    serve_image_cmd: Any, final: dict[str, list[Instruction]]
+) -> None:
     """The image's command line serves /stats, passes the healthcheck and exits 0 on SIGTERM."""
     served: Served = serve_image_cmd()
     (check,) = final["HEALTHCHECK"]
@@ -528,13 +559,19 @@ def compose_cli() -> list[str] | None:
     if shutil.which("docker"):
         candidates.append(["docker", "compose"])
     standalone = shutil.which("docker-compose") or shutil.which(
-        "docker-compose", path=str(Path(sys.executable).parent))
+        "docker-compose", path=str(Path(sys.executable).parent)
+    )
     if standalone:
         candidates.append([standalone])
     for cli in candidates:
         try:
-            done = subprocess.run([*cli, "version", "--short"], capture_output=True, text=True,
-                                  timeout=30, check=False)
+            done = subprocess.run(
+                [*cli, "version", "--short"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
         except OSError:
             continue
         major = re.match(r"v?(\d+)\.", done.stdout.strip())
@@ -549,9 +586,23 @@ def test_docker_compose_config_accepts_the_file() -> None:
     if cli is None:
         pytest.skip("no Compose v2+ CLI (docker compose / docker-compose) on this machine")
     env = {k: v for k, v in os.environ.items() if k not in ("MODELS_DIR", "LLAMA_MODEL")}
-    done = subprocess.run([*cli, "-f", str(DOCKER / "compose.yaml"), "--profile", "monitoring",
-                           "config", "--format", "json"],
-                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    done = subprocess.run(
+        [
+            *cli,
+            "-f",
+            str(DOCKER / "compose.yaml"),
+            "--profile",
+            "monitoring",
+            "config",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     rendered = json.loads(done.stdout)
     assert set(rendered["services"]) == {"llama-server", "timing-proxy", "prometheus"}

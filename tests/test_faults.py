@@ -3,7 +3,7 @@
 test_relay.py covers the happy paths, forwarding, 413/502/504, idle timeouts and hang-ups
 against the fake. This file adds what a trusted reverse proxy is also expected to survive:
 a client that stops reading (backpressure and the write timeout), the stale keep-alive race,
-graceful shutdown (in process with the runner ``proxy.app.run`` configures, and as a real
+graceful shutdown (in process with the runner ``proxy.serve.app.run`` configures, and as a real
 ``python -m proxy serve`` process receiving SIGTERM), a compressing upstream, errors before and
 inside a stream, malformed upstream headers, exact body-size boundaries with chunked uploads,
 a long keep-alive session, and client hang-ups against the real llama-server.
@@ -35,12 +35,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-import proxy.app
-from proxy.app import SINKS, upstream_session
+import proxy.serve.app
+from proxy.commands.provision import LlamaServer
 from proxy.config import Config, load_config
-from proxy.headers import REQUEST_ID_HEADER
-from proxy.provision import LlamaServer
-from proxy.record import Kind, Outcome, Record
+from proxy.core.headers import REQUEST_ID_HEADER
+from proxy.core.record import Kind, Outcome, Record
+from proxy.serve.app import SINKS, upstream_session
 from tests.conftest import Captured, ProxyFactory, ProxyUnderTest
 from tests.fakes import (
     DONE,
@@ -81,8 +81,9 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _wait_for(predicate: Callable[[], bool], within: float, what: str,
-                    poll: float = 0.005) -> float:
+async def _wait_for(
+    predicate: Callable[[], bool], within: float, what: str, poll: float = 0.005
+) -> float:
     """Poll ``predicate`` until it holds; return the seconds it took (fail after ``within``)."""
     t0 = time.monotonic()
     while not predicate():
@@ -104,17 +105,18 @@ def _request_head(path: str, headers: Sequence[tuple[str, str]]) -> bytes:
 def _post_bytes(body: bytes, path: str = "/v1/chat/completions", *, chunked: int = 0) -> bytes:
     """A raw POST; ``chunked=n`` sends the body with Transfer-Encoding: chunked in n-byte chunks."""
     if not chunked:
-        head = _request_head(path, [("Content-Type", "application/json"),
-                                    ("Content-Length", str(len(body)))])
+        head = _request_head(
+            path, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        )
         return head + body
-    head = _request_head(path, [("Content-Type", "application/json"),
-                                ("Transfer-Encoding", "chunked")])
-    pieces = [body[i:i + chunked] for i in range(0, len(body), chunked)]
+    head = _request_head(
+        path, [("Content-Type", "application/json"), ("Transfer-Encoding", "chunked")]
+    )
+    pieces = [body[i : i + chunked] for i in range(0, len(body), chunked)]
     return head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + CHUNK_END
 
 
-async def _read_response(reader: asyncio.StreamReader
-                         ) -> tuple[int, CIMultiDict[str], bytes]:
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, CIMultiDict[str], bytes]:
     """Read one HTTP/1.1 response (Content-Length or chunked) from a raw connection."""
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
     status_line, *lines = head.split("\r\n")
@@ -169,8 +171,9 @@ def noting_peer(script: Script, peers: list[tuple[str, int]]) -> Script:
     return run
 
 
-NO_MODELS = json_response(404, b'{"error":{"code":404,"message":"File Not Found",'
-                               b'"type":"not_found_error"}}')
+NO_MODELS = json_response(
+    404, b'{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}'
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,8 +230,9 @@ class RawUpstream:
 
 
 @pytest.fixture
-async def raw_upstream() -> AsyncIterator[Callable[[Callable[[int, bytes], bytes | None]],
-                                                   Awaitable[tuple[RawUpstream, str]]]]:
+async def raw_upstream() -> AsyncIterator[
+    Callable[[Callable[[int, bytes], bytes | None]], Awaitable[tuple[RawUpstream, str]]]
+]:
     """Start RawUpstreams on demand; stop them after the test."""
     started: list[RawUpstream] = []
 
@@ -246,22 +250,31 @@ async def raw_upstream() -> AsyncIterator[Callable[[Callable[[int, bytes], bytes
 # The proxy started the way production starts it
 
 
-def run_app_arguments(config: Config, monkeypatch: pytest.MonkeyPatch
-                      ) -> tuple[web.Application, dict[str, Any]]:
-    """Call ``proxy.app.run(config)`` with ``web.run_app`` replaced: the app and its kwargs."""
+def run_app_arguments(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> tuple[web.Application, dict[str, Any]]:
+    """Call ``proxy.serve.app.run(config)`` with ``web.run_app`` replaced: app and kwargs."""
     got: dict[str, Any] = {}
 
     def fake_run_app(app: web.Application, **kwargs: Any) -> None:
         got.update(kwargs, app=app)
 
     with monkeypatch.context() as patch:
-        patch.setattr(web, "run_app", fake_run_app)  # the module proxy.app calls it from
-        proxy.app.run(config)
+        patch.setattr(web, "run_app", fake_run_app)  # the module proxy.serve.app calls it from
+        proxy.serve.app.run(config)
     return got.pop("app"), got
 
 
-_RUNNER_ARGS = frozenset({"handler_cancellation", "shutdown_timeout", "keepalive_timeout",
-                          "access_log", "access_log_class", "access_log_format"})
+_RUNNER_ARGS = frozenset(
+    {
+        "handler_cancellation",
+        "shutdown_timeout",
+        "keepalive_timeout",
+        "access_log",
+        "access_log_class",
+        "access_log_format",
+    }
+)
 """The ``run_app`` arguments that configure the runner (the rest is host, port, printing)."""
 
 
@@ -282,14 +295,17 @@ class Served:
 
 
 @pytest.fixture
-async def serve_like_run(monkeypatch: pytest.MonkeyPatch
-                         ) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
-    """Start the proxy with the runner arguments ``proxy.app.run`` passes to ``run_app``."""
+async def serve_like_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    """Start the proxy with the runner arguments ``proxy.serve.app.run`` passes to ``run_app``."""
     started: list[Served] = []
 
     async def start(upstream_url: str, **sections: dict[str, object]) -> Served:
         overrides: dict[str, dict[str, object]] = {
-            "upstream": {"url": upstream_url}, "accounting": {"enabled": False}}
+            "upstream": {"url": upstream_url},
+            "accounting": {"enabled": False},
+        }
         for name, values in sections.items():
             overrides.setdefault(name, {}).update(values)
         app, kwargs = run_app_arguments(load_config(None, overrides), monkeypatch)
@@ -362,11 +378,15 @@ class TestSlowReader:
         runner = proxy.client.server.runner
         assert runner is not None and runner.server is not None
         server = runner.server
-        return [conn.transport.get_write_buffer_size()
-                for conn in server.connections if conn.transport is not None]
+        return [
+            conn.transport.get_write_buffer_size()
+            for conn in server.connections
+            if conn.transport is not None
+        ]
 
-    async def test_backpressure_reaches_the_upstream(self, fake: Fake,
-                                                     make_proxy: ProxyFactory) -> None:
+    async def test_backpressure_reaches_the_upstream(
+        self, fake: Fake, make_proxy: ProxyFactory
+    ) -> None:
         """With a client that never reads, the fake's writes stall far below the stream size."""
         upstream, server = fake
         upstream.script = firehose(self.EVENT, self.COUNT)
@@ -396,8 +416,9 @@ class TestSlowReader:
         assert record.response_bytes is not None
         assert record.response_bytes <= seen.bytes_written < self.COUNT * self.EVENT
 
-    async def test_write_timeout_aborts_both_sides(self, fake: Fake,
-                                                   make_proxy: ProxyFactory) -> None:
+    async def test_write_timeout_aborts_both_sides(
+        self, fake: Fake, make_proxy: ProxyFactory
+    ) -> None:
         """After write_timeout_s without progress the client is cut and the upstream closed."""
         upstream, server = fake
         upstream.script = firehose(self.EVENT, self.COUNT)
@@ -504,8 +525,7 @@ class TestStaleKeepAlive:
     ) -> None:
         """The race's losing side, made deterministic: a POST the upstream drops unanswered
         on a reused connection gives 502 upstream_unreachable and is not sent twice."""
-        answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 2\r\n\r\n{}")
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
         upstream, url = await raw_upstream(lambda n, _req: answer if n == 1 else None)
         proxy = await make_proxy(url, upstream={"keepalive_timeout_s": 30.0})
         first = await proxy.client.post("/v1/chat/completions", data=b'{"n":1}')
@@ -534,8 +554,9 @@ class TestGracefulShutdown:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """``run`` passes handler_cancellation=True and shutdown_timeout=shutdown_drain_s."""
-        config = load_config(None, {"server": {"shutdown_drain_s": 7.5},
-                                    "accounting": {"enabled": False}})
+        config = load_config(
+            None, {"server": {"shutdown_drain_s": 7.5}, "accounting": {"enabled": False}}
+        )
         app, kwargs = run_app_arguments(config, monkeypatch)
         assert isinstance(app, web.Application)
         assert kwargs["handler_cancellation"] is True  # aiohttp's default is False (B11)
@@ -617,10 +638,22 @@ class TestGracefulShutdown:
             port = s.getsockname()[1]
         url = f"http://{HOST}:{port}"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", "serve", "--config", str(config_file),
-            "--listen", f"{HOST}:{port}", "--upstream", _url(server), "--log-file", str(log_file),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            cwd=Path(__file__).parent.parent, env={**os.environ},
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--config",
+            str(config_file),
+            "--listen",
+            f"{HOST}:{port}",
+            "--upstream",
+            _url(server),
+            "--log-file",
+            str(log_file),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).parent.parent,
+            env={**os.environ},
         )
         try:
             async with aiohttp.ClientSession() as client:
@@ -677,8 +710,11 @@ class TestUpstreamAnswers:
         """A gzip body with Content-Length arrives with matching headers and decompresses."""
         upstream, proxy = proxied
         packed = gzip.compress(self.ORIGINAL)
-        upstream.script = json_response(200, packed, headers=(
-            ("Content-Type", "application/json"), ("Content-Encoding", "gzip")))
+        upstream.script = json_response(
+            200,
+            packed,
+            headers=(("Content-Type", "application/json"), ("Content-Encoding", "gzip")),
+        )
         body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
         async with aiohttp.ClientSession(auto_decompress=False) as raw_client:
             raw = await raw_client.post(proxy.url + "/v1/chat/completions", data=body)
@@ -692,16 +728,20 @@ class TestUpstreamAnswers:
         assert all(r.outcome is Outcome.COMPLETED and r.status == 200 for r in records)
         assert records[0].response_bytes == len(packed)
 
-    async def test_gzip_stream_despite_identity_is_passed_consistently(self, proxied: Any
-                                                                       ) -> None:
+    async def test_gzip_stream_despite_identity_is_passed_consistently(self, proxied: Any) -> None:
         """A chunked gzip SSE stream arrives gzip-labelled, unframed by length, and inflates."""
         upstream, proxy = proxied
-        events = [chat_event({"role": "assistant", "content": None}),
-                  chat_event({"content": "Hi"}),
-                  chat_event({}, finish_reason="stop", timings=make_timings()), DONE]
+        events = [
+            chat_event({"role": "assistant", "content": None}),
+            chat_event({"content": "Hi"}),
+            chat_event({}, finish_reason="stop", timings=make_timings()),
+            DONE,
+        ]
         packed = gzip.compress(b"".join(events))
-        upstream.script = sse([packed[:40], packed[40:]], headers=(
-            ("Content-Type", "text/event-stream"), ("Content-Encoding", "gzip")))
+        upstream.script = sse(
+            [packed[:40], packed[40:]],
+            headers=(("Content-Type", "text/event-stream"), ("Content-Encoding", "gzip")),
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         assert resp.headers["Content-Encoding"] == "gzip"
         assert "Content-Length" not in resp.headers
@@ -711,8 +751,9 @@ class TestUpstreamAnswers:
         assert record.outcome is Outcome.COMPLETED and record.response_bytes == len(packed)
 
     @pytest.mark.parametrize("streamed", [True, False], ids=["sse", "json"])
-    async def test_gzip_body_is_flagged_not_analysed_as_empty(self, proxied: Any,
-                                                              streamed: bool) -> None:
+    async def test_gzip_body_is_flagged_not_analysed_as_empty(
+        self, proxied: Any, streamed: bool
+    ) -> None:
         """A body the tracker cannot read (gzip) is flagged in analysis_error, not recorded
         as a response with zero events / zero tool calls.
 
@@ -720,16 +761,33 @@ class TestUpstreamAnswers:
         """
         upstream, proxy = proxied
         if streamed:
-            plain = b"".join([chat_event({"content": "Hi"}),
-                              chat_event({}, finish_reason="stop"), DONE])
+            plain = b"".join(
+                [chat_event({"content": "Hi"}), chat_event({}, finish_reason="stop"), DONE]
+            )
             kind = "text/event-stream"
         else:
-            plain = orjson.dumps({"choices": [{"finish_reason": "tool_calls", "message": {
-                "tool_calls": [{"id": "1", "type": "function",
-                                "function": {"name": "f", "arguments": "{}"}}]}}]})
+            plain = orjson.dumps(
+                {
+                    "choices": [
+                        {
+                            "finish_reason": "tool_calls",
+                            "message": {
+                                "tool_calls": [
+                                    {
+                                        "id": "1",
+                                        "type": "function",
+                                        "function": {"name": "f", "arguments": "{}"},
+                                    }
+                                ]
+                            },
+                        }
+                    ]
+                }
+            )
             kind = "application/json"
-        upstream.script = sse([gzip.compress(plain)], headers=(
-            ("Content-Type", kind), ("Content-Encoding", "gzip")))
+        upstream.script = sse(
+            [gzip.compress(plain)], headers=(("Content-Type", kind), ("Content-Encoding", "gzip"))
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         assert await resp.read() == plain
         assert len(upstream.seen) == 1
@@ -737,7 +795,8 @@ class TestUpstreamAnswers:
         assert record.outcome is Outcome.COMPLETED
         assert record.analysis_error is not None, (
             f"no analysis_error; events={record.events} token_events={record.token_events} "
-            f"tool_calls={record.tool_calls} finish_reason={record.finish_reason}")
+            f"tool_calls={record.tool_calls} finish_reason={record.finish_reason}"
+        )
 
     async def test_error_before_stream_passes_with_status_body_and_length(
         self, proxied: Any
@@ -747,8 +806,9 @@ class TestUpstreamAnswers:
         rec = load_recording("error_context")
         assert orjson.loads(rec.request_body)["stream"] is True
         upstream.script = replay(rec)
-        resp = await proxy.client.post(rec.request_path, data=rec.request_body,
-                                       headers={"Content-Type": "application/json"})
+        resp = await proxy.client.post(
+            rec.request_path, data=rec.request_body, headers={"Content-Type": "application/json"}
+        )
         body = await resp.read()
         assert (resp.status, body) == (400, rec.body)
         assert resp.headers["Content-Length"] == str(len(rec.body))
@@ -764,8 +824,7 @@ class TestUpstreamAnswers:
         """A ``data: {"error": ...}`` event then a clean end without [DONE] passes as is."""
         upstream, proxy = proxied
         first = chat_event({"role": "assistant", "content": None}) + chat_event({"content": "A"})
-        error = (b'data: {"error":{"code":500,"message":"Compute error.",'
-                 b'"type":"server_error"}}\n\n')
+        error = b'data: {"error":{"code":500,"message":"Compute error.","type":"server_error"}}\n\n'
         upstream.script = sse([first, error])
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         assert resp.status == 200
@@ -779,8 +838,7 @@ class TestUpstreamAnswers:
     async def test_error_event_then_dropped_connection(self, proxied: Any) -> None:
         """An error event followed by a dropped connection is relayed, then the client is cut."""
         upstream, proxy = proxied
-        error = (b'data: {"error":{"code":500,"message":"Compute error.",'
-                 b'"type":"server_error"}}\n\n')
+        error = b'data: {"error":{"code":500,"message":"Compute error.","type":"server_error"}}\n\n'
         upstream.script = die_after([chat_event({"content": "A"}), error])
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         got = b""
@@ -824,17 +882,23 @@ class TestUpstreamAnswers:
         assert record.analysis_error == "oversized_events:1"
         assert record.finish_reason == "stop"
 
-    @pytest.mark.parametrize(("name", "header"), [
-        ("bare CR", b"X-Evil: a\rSet-Cookie: injected=1\r\n"),
-        ("NUL", b"X-Evil: a\x00b\r\n"),
-        ("space in name", b"X Evil: a\r\n"),
-    ])
-    async def test_header_injection_attempt_is_a_502(self, raw_upstream: Any,
-                                                     make_proxy: ProxyFactory, name: str,
-                                                     header: bytes) -> None:
+    @pytest.mark.parametrize(
+        ("name", "header"),
+        [
+            ("bare CR", b"X-Evil: a\rSet-Cookie: injected=1\r\n"),
+            ("NUL", b"X-Evil: a\x00b\r\n"),
+            ("space in name", b"X Evil: a\r\n"),
+        ],
+    )
+    async def test_header_injection_attempt_is_a_502(
+        self, raw_upstream: Any, make_proxy: ProxyFactory, name: str, header: bytes
+    ) -> None:
         """An upstream header with CR, NUL or a bad name is refused: 502, nothing injected."""
-        response = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + header
-                    + b"Content-Length: 2\r\n\r\n{}")
+        response = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            + header
+            + b"Content-Length: 2\r\n\r\n{}"
+        )
         upstream, url = await raw_upstream(lambda _n, _req: response)
         proxy = await make_proxy(url)
         resp = await proxy.client.get("/props")
@@ -845,11 +909,14 @@ class TestUpstreamAnswers:
         (record,) = await _records(proxy.captured)
         assert record.outcome is Outcome.UPSTREAM_UNREACHABLE and record.status == 502
 
-    async def test_folded_header_is_unfolded_not_injected(self, raw_upstream: Any,
-                                                          make_proxy: ProxyFactory) -> None:
+    async def test_folded_header_is_unfolded_not_injected(
+        self, raw_upstream: Any, make_proxy: ProxyFactory
+    ) -> None:
         """An obs-fold continuation line becomes part of one header value, never a new header."""
-        response = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    b"X-Evil: a\r\n Set-Cookie: injected=1\r\nContent-Length: 2\r\n\r\n{}")
+        response = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"X-Evil: a\r\n Set-Cookie: injected=1\r\nContent-Length: 2\r\n\r\n{}"
+        )
         upstream, url = await raw_upstream(lambda _n, _req: response)
         proxy = await make_proxy(url)
         resp = await proxy.client.get("/props")
@@ -865,8 +932,11 @@ class TestUpstreamAnswers:
         self, raw_upstream: Any, make_proxy: ProxyFactory, char: bytes
     ) -> None:
         """A control character aiohttp parses but will not write is the upstream's fault: 502."""
-        response = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Odd: a" + char
-                    + b"b\r\nContent-Length: 2\r\n\r\n{}")
+        response = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Odd: a"
+            + char
+            + b"b\r\nContent-Length: 2\r\n\r\n{}"
+        )
         upstream, url = await raw_upstream(lambda _n, _req: response)
         proxy = await make_proxy(url)
         resp = await proxy.client.get("/props")
@@ -890,8 +960,9 @@ class TestRequestBodies:
         upstream, proxy = proxied
         upstream.script = echo()
         body = _json_body_of_size(1024 * 1024)
-        resp = await proxy.client.post("/v1/chat/completions", data=body,
-                                       headers={"Content-Type": "application/json"})
+        resp = await proxy.client.post(
+            "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         assert resp.status == 200
         assert base64.b64decode((await resp.json())["body_b64"]) == body
         assert upstream.seen[0].body == body
@@ -901,13 +972,17 @@ class TestRequestBodies:
 
     LIMIT = 100_003
 
-    @pytest.mark.parametrize(("framing", "size", "status"), [
-        ("content-length", LIMIT, 200),
-        ("chunked", LIMIT, 200),
-        ("chunked", LIMIT + 1, 413),
-    ])
-    async def test_body_limit_is_exact(self, fake: Fake, make_proxy: ProxyFactory,
-                                       framing: str, size: int, status: int) -> None:
+    @pytest.mark.parametrize(
+        ("framing", "size", "status"),
+        [
+            ("content-length", LIMIT, 200),
+            ("chunked", LIMIT, 200),
+            ("chunked", LIMIT + 1, 413),
+        ],
+    )
+    async def test_body_limit_is_exact(
+        self, fake: Fake, make_proxy: ProxyFactory, framing: str, size: int, status: int
+    ) -> None:
         """A body of exactly max_body_bytes passes; one byte more is refused with 413."""
         upstream, server = fake
         upstream.script = echo()
@@ -942,8 +1017,9 @@ class TestRequestBodies:
 class TestKeepAliveSession:
     """Many requests on one client connection: one record each, distinct ids."""
 
-    async def test_fifty_sequential_requests_on_one_connection(self, fake: Fake,
-                                                               make_proxy: ProxyFactory) -> None:
+    async def test_fifty_sequential_requests_on_one_connection(
+        self, fake: Fake, make_proxy: ProxyFactory
+    ) -> None:
         """50 alternating streamed and JSON requests on one client connection are all recorded.
 
         Upstream side: JSON requests share one pooled connection; each stream gets a connection
@@ -951,10 +1027,15 @@ class TestKeepAliveSession:
         """
         upstream, server = fake
         peers: list[tuple[str, int]] = []
-        stream = [chat_event({"role": "assistant", "content": None}),
-                  chat_event({"content": "ok"}), chat_event({}, finish_reason="stop"), DONE]
-        upstream.script = noting_peer(routed(
-            {"/v1/completions": JSON_OK, "/v1/models": NO_MODELS}, sse(stream)), peers)
+        stream = [
+            chat_event({"role": "assistant", "content": None}),
+            chat_event({"content": "ok"}),
+            chat_event({}, finish_reason="stop"),
+            DONE,
+        ]
+        upstream.script = noting_peer(
+            routed({"/v1/completions": JSON_OK, "/v1/models": NO_MODELS}, sse(stream)), peers
+        )
         proxy = await make_proxy(_url(server))
         created = 0
 
@@ -966,13 +1047,15 @@ class TestKeepAliveSession:
         trace.on_connection_create_end.append(on_create)
         plain = orjson.dumps({"prompt": "hi", "max_tokens": 1, "stream": False})
         ids = []
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
-                                         trace_configs=[trace]) as client:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1), trace_configs=[trace]
+        ) as client:
             for i in range(50):
                 streamed = i % 2 == 0
                 path = "/v1/chat/completions" if streamed else "/v1/completions"
-                async with client.post(proxy.url + path,
-                                       data=CHAT_BODY if streamed else plain) as resp:
+                async with client.post(
+                    proxy.url + path, data=CHAT_BODY if streamed else plain
+                ) as resp:
                     body = await resp.read()
                     assert resp.status == 200
                     assert body == (b"".join(stream) if streamed else b'{"ok":true}')
@@ -982,10 +1065,10 @@ class TestKeepAliveSession:
         records = await _records(proxy.captured, 50)
         assert [r.id for r in records] == ids
         assert all(r.outcome is Outcome.COMPLETED for r in records)
-        assert [(r.kind, r.stream) for r in records[:2]] == [(Kind.CHAT, True),
-                                                            (Kind.OTHER, False)]
+        assert [(r.kind, r.stream) for r in records[:2]] == [(Kind.CHAT, True), (Kind.OTHER, False)]
         assert [s.path_qs for s in upstream.seen] == [
-            "/v1/chat/completions" if i % 2 == 0 else "/v1/completions" for i in range(50)]
+            "/v1/chat/completions" if i % 2 == 0 else "/v1/completions" for i in range(50)
+        ]
         stream_peers, json_peers = peers[0::2], peers[1::2]
         assert len(set(json_peers)) == 1  # pooled
         assert len(set(stream_peers)) == 25 and not set(stream_peers) & set(json_peers)
@@ -1047,8 +1130,9 @@ def _n_decoded(slot: dict[str, Any]) -> int:
     return int(slot.get("next_token", [{}])[0].get("n_decoded", 0))
 
 
-async def _wait_slot_idle(client: aiohttp.ClientSession, llama: LlamaServer, within: float
-                          ) -> tuple[float, int]:
+async def _wait_slot_idle(
+    client: aiohttp.ClientSession, llama: LlamaServer, within: float
+) -> tuple[float, int]:
     """Poll /slots until the slot is idle: (seconds it took, highest n_decoded seen)."""
     t0, most = time.monotonic(), 0
     while True:
@@ -1076,17 +1160,29 @@ class TestRealHangUp:
     """Closing the proxy's upstream socket is the only cancel llama-server has: measure it."""
 
     async def test_hang_up_mid_generation_frees_the_slot(
-        self, tapped_llama: tuple[LlamaServer, Tap, str],
-        serve_like_run: Callable[..., Awaitable[Served]]
+        self,
+        tapped_llama: tuple[LlamaServer, Tap, str],
+        serve_like_run: Callable[..., Awaitable[Served]],
     ) -> None:
         """A client leaving after the first events frees the slot within ~2 s, far before
         the 2000 tokens asked for."""
         llama, tap, url = tapped_llama
         served = await serve_like_run(url)
-        body = orjson.dumps({
-            "messages": [{"role": "user", "content": "Tell me a very long story about a robot "
-                          "who learns to paint. Describe every painting in detail."}],
-            "max_tokens": 2000, "stream": True, "ignore_eos": True, "temperature": 0.8})
+        body = orjson.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "Tell me a very long story about a robot "
+                        "who learns to paint. Describe every painting in detail.",
+                    }
+                ],
+                "max_tokens": 2000,
+                "stream": True,
+                "ignore_eos": True,
+                "temperature": 0.8,
+            }
+        )
         reader, writer = await asyncio.open_connection(*_host_port(served.url))
         writer.write(_post_bytes(body))
         await writer.drain()
@@ -1104,9 +1200,11 @@ class TestRealHangUp:
             await _wait_for(lambda: bool(tap.proxy_closed_at), 2.0, "proxy closing upstream")
             after = _n_decoded(await _slot(client, llama))
         closed_after = tap.proxy_closed_at[0] - t_close
-        print(f"\n[real] mid-stream hang-up: proxy closed upstream after {closed_after:.3f} s, "
-              f"slot idle after {freed:.3f} s (token time {token_s:.3f} s), "
-              f"n_decoded seen <= {most} (after: {after})")
+        print(
+            f"\n[real] mid-stream hang-up: proxy closed upstream after {closed_after:.3f} s, "
+            f"slot idle after {freed:.3f} s (token time {token_s:.3f} s), "
+            f"n_decoded seen <= {most} (after: {after})"
+        )
         assert closed_after < 1.0
         # llama-server notices at its next write or its 1 s poll, then stops after the
         # current decode step: ~2 s, longer only when the machine makes tokens slow
@@ -1121,16 +1219,23 @@ class TestRealHangUp:
     PREFILL_WORDS = 150
 
     async def test_hang_up_during_prefill_closes_upstream_and_slot_frees(
-        self, tapped_llama: tuple[LlamaServer, Tap, str],
-        serve_like_run: Callable[..., Awaitable[Served]]
+        self,
+        tapped_llama: tuple[LlamaServer, Tap, str],
+        serve_like_run: Callable[..., Awaitable[Served]],
     ) -> None:
         """A client leaving during prefill (headers sent, no event yet) closes the upstream at
         once; the slot frees when the prefill, which this build cannot interrupt, ends."""
         llama, tap, url = tapped_llama
         served = await serve_like_run(url)
         prompt = " ".join(f"item{i} is {i * 7 % 13}" for i in range(self.PREFILL_WORDS))
-        body = orjson.dumps({"messages": [{"role": "user", "content": prompt}],
-                             "max_tokens": 4, "stream": True, "cache_prompt": False})
+        body = orjson.dumps(
+            {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 4,
+                "stream": True,
+                "cache_prompt": False,
+            }
+        )
         reader, writer = await asyncio.open_connection(*_host_port(served.url))
         try:
             writer.write(_post_bytes(body))
@@ -1155,17 +1260,20 @@ class TestRealHangUp:
                     n_prompt = len((await tok.json())["tokens"])
         finally:
             writer.close()
-        print(f"\n[real] prefill hang-up (~{n_prompt} prompt tokens, slot busy "
-              f"{t_close - t0:.2f} s before): proxy closed upstream after {closed_after:.3f} s, "
-              f"slot idle {freed:.2f} s after the hang-up")
+        print(
+            f"\n[real] prefill hang-up (~{n_prompt} prompt tokens, slot busy "
+            f"{t_close - t0:.2f} s before): proxy closed upstream after {closed_after:.3f} s, "
+            f"slot idle {freed:.2f} s after the hang-up"
+        )
         assert closed_after < 1.0
         (record,) = await _records(served.captured)
         assert record.outcome is Outcome.CLIENT_CLOSED and record.status == 200
         assert record.ttfb_ms is None and record.ttft_ms is None
 
     async def test_hang_up_while_queued_closes_upstream(
-        self, tapped_llama: tuple[LlamaServer, Tap, str],
-        serve_like_run: Callable[..., Awaitable[Served]]
+        self,
+        tapped_llama: tuple[LlamaServer, Tap, str],
+        serve_like_run: Callable[..., Awaitable[Served]],
     ) -> None:
         """A client leaving while its request waits for the busy slot (no byte sent yet)
         closes the upstream at once; the slot is free soon after the slot's current task.
@@ -1176,8 +1284,14 @@ class TestRealHangUp:
         """
         llama, tap, url = tapped_llama
         served = await serve_like_run(url)
-        long_run = orjson.dumps({"messages": [{"role": "user", "content": "Count to 5000."}],
-                                 "max_tokens": 2000, "stream": True, "ignore_eos": True})
+        long_run = orjson.dumps(
+            {
+                "messages": [{"role": "user", "content": "Count to 5000."}],
+                "max_tokens": 2000,
+                "stream": True,
+                "ignore_eos": True,
+            }
+        )
         async with aiohttp.ClientSession() as client:
             occupier = await client.post(llama.url + "/v1/chat/completions", data=long_run)
             try:
@@ -1202,9 +1316,11 @@ class TestRealHangUp:
             await asyncio.sleep(0.3)
             freed_again, _ = await _wait_slot_idle(client, llama, 10)
             slot = await _slot(client, llama)
-        print(f"\n[real] queued hang-up: proxy closed upstream after {closed_after:.3f} s; "
-              f"slot idle {time.monotonic() - t_free - 0.3:.2f} s after the occupier left; "
-              f"queued task launched anyway: {slot['id_task'] != busy_task}")
+        print(
+            f"\n[real] queued hang-up: proxy closed upstream after {closed_after:.3f} s; "
+            f"slot idle {time.monotonic() - t_free - 0.3:.2f} s after the occupier left; "
+            f"queued task launched anyway: {slot['id_task'] != busy_task}"
+        )
         assert closed_after < 1.0
         assert freed + freed_again < 5.0 and not slot["is_processing"]
         assert record.outcome is Outcome.CLIENT_CLOSED

@@ -36,9 +36,9 @@ from hypothesis import strategies as st
 
 from fuzz import checks
 from fuzz.checks import BOM, KNOWN_BUGS
-from proxy.record import Outcome
-from proxy.sse import SSEFramer
-from proxy.tracker import StreamTracker
+from proxy.core.record import Outcome
+from proxy.core.sse import SSEFramer
+from proxy.core.tracker import StreamTracker
 from tests.conftest import ProxyFactory
 from tests.fakes import DONE, FakeUpstream, all_recordings, load_recording, sse
 from tests.terminal import terminal_log
@@ -55,9 +55,6 @@ def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _report_inputs(request: pytest.FixtureRequest) -> Iterator[None]:
     """At the end of the module, print how many inputs each target was given."""
@@ -66,15 +63,18 @@ def _report_inputs(request: pytest.FixtureRequest) -> Iterator[None]:
     for name, count in sorted(INPUTS.items()):
         log(f"{name}: {count} inputs")
     if checks.TOLERATED:
-        log("inputs let through on a known bug: "
-            + ", ".join(f"{k}={v}" for k, v in sorted(checks.TOLERATED.items())))
+        log(
+            "inputs let through on a known bug: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(checks.TOLERATED.items()))
+        )
     open_bugs = sorted(k for k, present in KNOWN_BUGS.items() if present)
     log(f"known bugs still reproducing: {', '.join(open_bugs) or 'none'}")
 
 
 @pytest.fixture
-def count(request: pytest.FixtureRequest, record_property: Callable[[str, object], None]
-          ) -> Iterator[Callable[[], None]]:
+def count(
+    request: pytest.FixtureRequest, record_property: Callable[[str, object], None]
+) -> Iterator[Callable[[], None]]:
     """Count one input of this test's target (named after the test)."""
     name = request.node.originalname.removeprefix("test_")
     before = INPUTS[name]
@@ -87,22 +87,70 @@ def count(request: pytest.FixtureRequest, record_property: Callable[[str, object
 
 
 def _settings(examples: int) -> settings:
-    return settings(max_examples=examples * SCALE, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=examples * SCALE,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Generators
 
 _PIECES = [
-    b"data", b"data:", b"data: ", b"event:", b"event: e", b"id:", b"id: 7", b"retry:",
-    b"retry: 15", b":", b": ping", b" ", b"\r", b"\n", b"\r\n", b"\n\n", b"\r\r", b"\r\n\r\n",
-    BOM, BOM[:1], BOM[:2], b"\x00", b"\xff", b"\xfe", b"\xc3", b"\xc3\xa9", b"\xed\xa0\x80",
-    b"\xf4\x90\x80\x80", b"\xe6\xbc", b"[DONE]", b"{", b"}", b'"content":"x"', b"x", b"7",
+    b"data",
+    b"data:",
+    b"data: ",
+    b"event:",
+    b"event: e",
+    b"id:",
+    b"id: 7",
+    b"retry:",
+    b"retry: 15",
+    b":",
+    b": ping",
+    b" ",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\n\n",
+    b"\r\r",
+    b"\r\n\r\n",
+    BOM,
+    BOM[:1],
+    BOM[:2],
+    b"\x00",
+    b"\xff",
+    b"\xfe",
+    b"\xc3",
+    b"\xc3\xa9",
+    b"\xed\xa0\x80",
+    b"\xf4\x90\x80\x80",
+    b"\xe6\xbc",
+    b"[DONE]",
+    b"{",
+    b"}",
+    b'"content":"x"',
+    b"x",
+    b"7",
 ]
-_RUN_UNITS = [b"\r", b"\n", b"\r\n", b"x", b"\x00", BOM, b"data: ", b"data:\n", b":\n",
-              b"data: x\n", b"\xff"]
+_RUN_UNITS = [
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"x",
+    b"\x00",
+    BOM,
+    b"data: ",
+    b"data:\n",
+    b":\n",
+    b"data: x\n",
+    b"\xff",
+]
 
 _adversarial_piece = st.one_of(
     st.sampled_from(_PIECES),
@@ -135,16 +183,18 @@ def cuts(draw: st.DrawFn, stream: bytes) -> list[int]:
 class TestFramer:
     @_settings(500)
     @given(streams, st.data())
-    def test_framer_chunking_invariant(self, count: Any, stream: bytes,
-                                       data: st.DataObject) -> None:
+    def test_framer_chunking_invariant(
+        self, count: Any, stream: bytes, data: st.DataObject
+    ) -> None:
         """Arbitrary and adversarial bytes never raise, match the oracle and ignore chunking."""
         count()
         checks.check_framer(stream, data.draw(cuts(stream)))
 
     @_settings(500)
     @given(streams, st.integers(1, 64), st.data())
-    def test_framer_small_cap_bounded(self, count: Any, stream: bytes, cap: int,
-                                      data: st.DataObject) -> None:
+    def test_framer_small_cap_bounded(
+        self, count: Any, stream: bytes, cap: int, data: st.DataObject
+    ) -> None:
         """With a cap of 1..64 bytes, `buffered` never exceeds it at any step, whatever the cut."""
         count()
         checks.check_framer(stream, data.draw(cuts(stream)), cap)
@@ -159,12 +209,13 @@ class TestFramer:
             ("endless event of empty data lines", b"data:\n"),
         ],
     )
-    def test_framer_never_ending_event_is_capped(self, count: Any, name: str,
-                                                 unit: bytes) -> None:
+    def test_framer_never_ending_event_is_capped(self, count: Any, name: str, unit: bytes) -> None:
         """A never-ending event is capped and flagged: memory stays near the cap, not the input."""
         if unit == b"data:\n" and KNOWN_BUGS["sse_data_line_breaks_uncounted"]:
-            pytest.xfail("known bug sse_data_line_breaks_uncounted: empty data lines "
-                         "are held without being counted against max_event_bytes")
+            pytest.xfail(
+                "known bug sse_data_line_breaks_uncounted: empty data lines "
+                "are held without being counted against max_event_bytes"
+            )
         cap = 16 * 1024
         chunk = unit * (64 * 1024 // len(unit))
         framer = SSEFramer(max_event_bytes=cap)
@@ -202,10 +253,33 @@ class TestFramer:
 # (b) the tracker
 
 _RECORDINGS = {name: load_recording(name) for name in all_recordings()}
-_INTERESTING = [b"\n", b"\r", b"\n\n", b"data: ", b"[DONE]", b"{", b"}", b"[", b"]", b'"', b",",
-                b"null", b"true", b"-1", b"1e308", b"18446744073709551615", b'"index":',
-                b'"tool_calls":', b'"timings":', b'"choices":', b'"usage":', b'"error":',
-                b"\x00", b"\xff", b"[" * 300]
+_INTERESTING = [
+    b"\n",
+    b"\r",
+    b"\n\n",
+    b"data: ",
+    b"[DONE]",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b'"',
+    b",",
+    b"null",
+    b"true",
+    b"-1",
+    b"1e308",
+    b"18446744073709551615",
+    b'"index":',
+    b'"tool_calls":',
+    b'"timings":',
+    b'"choices":',
+    b'"usage":',
+    b'"error":',
+    b"\x00",
+    b"\xff",
+    b"[" * 300,
+]
 
 
 @st.composite
@@ -235,25 +309,70 @@ class Raw(bytes):
     """JSON text spliced in as is (numbers orjson cannot emit, nesting deeper than it allows)."""
 
 
-_RAW = [b"1e308", b"-1e308", b"1e-400", b"-0", b"0.0", b"1E2", b"18446744073709551615",
-        b"18446744073709551616", b"-9223372036854775808", b"-9223372036854775809",
-        b"123456789012345678901234567890", b"1" * 400, b"1e400", b"NaN", b"Infinity"]
-_KEYS = st.sampled_from([
-    "index", "id", "type", "function", "name", "arguments", "tool_calls", "delta", "message",
-    "choices", "timings", "usage", "prompt_n", "cache_n", "predicted_n", "prompt_ms",
-    "predicted_ms", "prompt_tokens", "completion_tokens", "prompt_tokens_details",
-    "cached_tokens", "error", "code", "model", "finish_reason", "content",
-    "reasoning_content", "text", "role",
-]) | st.text(max_size=6)
+_RAW = [
+    b"1e308",
+    b"-1e308",
+    b"1e-400",
+    b"-0",
+    b"0.0",
+    b"1E2",
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"-9223372036854775808",
+    b"-9223372036854775809",
+    b"123456789012345678901234567890",
+    b"1" * 400,
+    b"1e400",
+    b"NaN",
+    b"Infinity",
+]
+_KEYS = st.sampled_from(
+    [
+        "index",
+        "id",
+        "type",
+        "function",
+        "name",
+        "arguments",
+        "tool_calls",
+        "delta",
+        "message",
+        "choices",
+        "timings",
+        "usage",
+        "prompt_n",
+        "cache_n",
+        "predicted_n",
+        "prompt_ms",
+        "predicted_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "cached_tokens",
+        "error",
+        "code",
+        "model",
+        "finish_reason",
+        "content",
+        "reasoning_content",
+        "text",
+        "role",
+    ]
+) | st.text(max_size=6)
 _leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
     st.sampled_from(_RAW).map(Raw),
     st.integers(1, 1100).map(lambda d: Raw(b"[" * d + b"]" * d)),
 )
 #: Any JSON value (hypothesis ``st.recursive``), with raw number and nesting extremes.
 json_values = st.recursive(
-    _leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(_KEYS, kids, max_size=4),
+    _leaf,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(_KEYS, kids, max_size=4),
     max_leaves=12,
 )
 
@@ -264,41 +383,63 @@ def _opt_dict(fields: dict[str, Any]) -> Any:
 
 def _shape(required: dict[str, Any], optional: dict[str, Any]) -> Any:
     """An object with ``required`` keys (often), any of ``optional`` ones, or any JSON value."""
-    return st.one_of(st.fixed_dictionaries(required, optional=optional),
-                     _opt_dict(required | optional), json_values)
+    return st.one_of(
+        st.fixed_dictionaries(required, optional=optional),
+        _opt_dict(required | optional),
+        json_values,
+    )
 
 
 _count_like = st.one_of(st.integers(-5, 10**6), st.integers(-(2**63), 2**64 - 1), json_values)
-_timings = _opt_dict({k: _count_like for k in ("prompt_n", "cache_n", "predicted_n")}
-                     | {k: st.floats(allow_nan=False, allow_infinity=False) | json_values
-                        for k in ("prompt_ms", "predicted_ms")})
-_usage = _opt_dict({"prompt_tokens": _count_like, "completion_tokens": _count_like,
-                    "prompt_tokens_details": _opt_dict({"cached_tokens": _count_like})
-                    | json_values})
-_function = _shape({"name": st.text(max_size=8) | json_values},
-                   {"arguments": st.text(max_size=16) | json_values})
+_timings = _opt_dict(
+    {k: _count_like for k in ("prompt_n", "cache_n", "predicted_n")}
+    | {
+        k: st.floats(allow_nan=False, allow_infinity=False) | json_values
+        for k in ("prompt_ms", "predicted_ms")
+    }
+)
+_usage = _opt_dict(
+    {
+        "prompt_tokens": _count_like,
+        "completion_tokens": _count_like,
+        "prompt_tokens_details": _opt_dict({"cached_tokens": _count_like}) | json_values,
+    }
+)
+_function = _shape(
+    {"name": st.text(max_size=8) | json_values}, {"arguments": st.text(max_size=16) | json_values}
+)
 _index = st.sampled_from([0, 1, 2, -1, True, False, 1.5, "0", None, 2**64 - 1]) | json_values
-_tool_call = _shape({"index": _index, "function": _function},
-                    {"id": json_values, "type": json_values})
+_tool_call = _shape(
+    {"index": _index, "function": _function}, {"id": json_values, "type": json_values}
+)
 _tool_calls = st.lists(_tool_call, max_size=3) | json_values
-_delta = _shape({"tool_calls": _tool_calls},
-                {"role": json_values, "content": st.text(max_size=8) | json_values,
-                 "reasoning_content": json_values})
+_delta = _shape(
+    {"tool_calls": _tool_calls},
+    {
+        "role": json_values,
+        "content": st.text(max_size=8) | json_values,
+        "reasoning_content": json_values,
+    },
+)
 _finish = st.sampled_from(["stop", "length", "tool_calls"]) | json_values
 _choice = st.one_of(
     _shape({"delta": _delta}, {"index": json_values, "finish_reason": _finish}),
-    _shape({"message": _delta}, {"index": json_values, "finish_reason": _finish,
-                                 "text": json_values}),
+    _shape(
+        {"message": _delta}, {"index": json_values, "finish_reason": _finish, "text": json_values}
+    ),
 )
 #: An object shaped like a llama-server chunk or body, every field possibly of a wrong type.
-llama_objects = _shape({"choices": st.lists(_choice, max_size=3) | json_values}, {
-    "model": st.text(max_size=8) | json_values,
-    "timings": _timings | json_values,
-    "usage": _usage | json_values,
-    "error": _opt_dict({"type": json_values, "code": json_values, "message": json_values})
-    | json_values,
-    "object": json_values,
-})
+llama_objects = _shape(
+    {"choices": st.lists(_choice, max_size=3) | json_values},
+    {
+        "model": st.text(max_size=8) | json_values,
+        "timings": _timings | json_values,
+        "usage": _usage | json_values,
+        "error": _opt_dict({"type": json_values, "code": json_values, "message": json_values})
+        | json_values,
+        "object": json_values,
+    },
+)
 
 
 def dump(value: Any) -> bytes:
@@ -317,26 +458,28 @@ def dump(value: Any) -> bytes:
 class TestTracker:
     @_settings(400)
     @given(streams, st.booleans(), st.data())
-    def test_tracker_arbitrary_bytes(self, count: Any, stream: bytes, sse_body: bool,
-                                     data: st.DataObject) -> None:
+    def test_tracker_arbitrary_bytes(
+        self, count: Any, stream: bytes, sse_body: bool, data: st.DataObject
+    ) -> None:
         """Arbitrary bytes as SSE or JSON body: no raise, exact byte counts, chunking-invariant."""
         count()
         checks.check_tracker(stream, data.draw(cuts(stream)), sse_body)
 
     @_settings(400)
     @given(mutated_recording(), st.sampled_from([checks.DEFAULT_CAP, 128, 1024]), st.data())
-    def test_tracker_mutated_recordings(self, count: Any, case: tuple[bytes, bool], cap: int,
-                                        data: st.DataObject) -> None:
+    def test_tracker_mutated_recordings(
+        self, count: Any, case: tuple[bytes, bool], cap: int, data: st.DataObject
+    ) -> None:
         """Real llama-server bodies with random flips, insertions, deletions and truncation."""
         count()
         stream, sse_body = case
         checks.check_tracker(stream, data.draw(cuts(stream)), sse_body, max_event_bytes=cap)
 
     @_settings(300)
-    @given(st.lists(llama_objects, min_size=1, max_size=4), st.booleans(),
-           st.data())
-    def test_tracker_adversarial_json(self, count: Any, objs: list[Any], done: bool,
-                                      data: st.DataObject) -> None:
+    @given(st.lists(llama_objects, min_size=1, max_size=4), st.booleans(), st.data())
+    def test_tracker_adversarial_json(
+        self, count: Any, objs: list[Any], done: bool, data: st.DataObject
+    ) -> None:
         """Wrong-typed, deep, huge-number llama JSON: no raise, no wrong-typed Observation field."""
         count()
         events = b"".join(b"data: " + dump(o) + b"\n\n" for o in objs) + (DONE if done else b"")
@@ -377,37 +520,57 @@ class TestTracker:
 # --------------------------------------------------------------------------------------------
 # (c) the request analysis
 
-_request_objects = _opt_dict({
-    "model": st.text(max_size=8) | json_values,
-    "stream": st.booleans() | json_values,
-    "messages": st.lists(_opt_dict({"role": st.sampled_from(["system", "user"]) | json_values,
-                                    "content": json_values}) | json_values, max_size=3)
-    | json_values,
-    "tools": st.lists(_opt_dict({"type": json_values,
-                                 "function": _opt_dict({"name": st.text(max_size=8)
-                                                        | json_values,
-                                                        "parameters": json_values})
-                                 | json_values}) | json_values, max_size=3) | json_values,
-    "tool_choice": json_values,
-    "chat_template_kwargs": json_values,
-})
+_request_objects = _opt_dict(
+    {
+        "model": st.text(max_size=8) | json_values,
+        "stream": st.booleans() | json_values,
+        "messages": st.lists(
+            _opt_dict(
+                {"role": st.sampled_from(["system", "user"]) | json_values, "content": json_values}
+            )
+            | json_values,
+            max_size=3,
+        )
+        | json_values,
+        "tools": st.lists(
+            _opt_dict(
+                {
+                    "type": json_values,
+                    "function": _opt_dict(
+                        {"name": st.text(max_size=8) | json_values, "parameters": json_values}
+                    )
+                    | json_values,
+                }
+            )
+            | json_values,
+            max_size=3,
+        )
+        | json_values,
+        "tool_choice": json_values,
+        "chat_template_kwargs": json_values,
+    }
+)
 
 
 class TestRequest:
     @_settings(500)
-    @given(st.sampled_from(checks.METHODS), st.sampled_from(checks.PATHS) | st.text(max_size=30),
-           st.binary(max_size=300) | adversarial)
-    def test_request_arbitrary_bytes(self, count: Any, method: str, path: str,
-                                     body: bytes) -> None:
+    @given(
+        st.sampled_from(checks.METHODS),
+        st.sampled_from(checks.PATHS) | st.text(max_size=30),
+        st.binary(max_size=300) | adversarial,
+    )
+    def test_request_arbitrary_bytes(self, count: Any, method: str, path: str, body: bytes) -> None:
         """analyse_request on arbitrary bytes never raises and returns well-typed facts."""
         count()
         checks.check_request(method, path, body)
 
     @_settings(300)
-    @given(st.sampled_from(checks.METHODS), st.sampled_from(checks.PATHS),
-           _request_objects | json_values)
-    def test_request_arbitrary_json(self, count: Any, method: str, path: str,
-                                    obj: Any) -> None:
+    @given(
+        st.sampled_from(checks.METHODS),
+        st.sampled_from(checks.PATHS),
+        _request_objects | json_values,
+    )
+    def test_request_arbitrary_json(self, count: Any, method: str, path: str, obj: Any) -> None:
         """analyse_request on arbitrary JSON (st.recursive) never raises; tool requests key fine."""
         count()
         checks.check_request(method, path, dump(obj))
@@ -442,7 +605,9 @@ _CONTENT_TYPES = [
 
 
 async def test_relay_random_streams_byte_identical(
-    count: Any, fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactory,
+    count: Any,
+    fake: tuple[FakeUpstream, TestServer],
+    make_proxy: ProxyFactory,
     request: pytest.FixtureRequest,
 ) -> None:
     """Random byte streams in random write sizes reach the client byte-identical, each recorded."""
@@ -491,8 +656,10 @@ def _known(bug: str, reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(KNOWN_BUGS[bug], reason=f"known bug {bug}: {reason}", strict=True)
 
 
-@_known("sse_data_line_breaks_uncounted",
-        "SSEFramer._line adds len(value), not len(value) + 1, to _size for each data line")
+@_known(
+    "sse_data_line_breaks_uncounted",
+    "SSEFramer._line adds len(value), not len(value) + 1, to _size for each data line",
+)
 def test_bug_sse_empty_data_lines_count_against_cap() -> None:
     """`data:` lines without a value are counted against max_event_bytes (memory stays capped)."""
     framer = SSEFramer(max_event_bytes=1000)
@@ -507,71 +674,99 @@ def test_bug_sse_empty_data_lines_count_against_cap() -> None:
 def test_bug_tool_call_index_true_is_not_a_bool() -> None:
     """A streamed tool call with `"index": true` gives an int index (0, like any non-int)."""
     tracker = StreamTracker(0.0, sse=True, clock=lambda: 1.0)
-    tracker.feed(b'data: {"choices":[{"delta":{"tool_calls":[{"index":true,"function":'
-                 b'{"name":"f","arguments":"{}"}}]}}]}\n\n')
+    tracker.feed(
+        b'data: {"choices":[{"delta":{"tool_calls":[{"index":true,"function":'
+        b'{"name":"f","arguments":"{}"}}]}}]}\n\n'
+    )
     assert [type(c.index) for c in tracker.finish().tool_calls] == [int]
 
 
-@_known("nonstream_tool_call_not_object",
-        "StreamTracker._read_body spreads **c of a tool_calls item that is not an object")
+@_known(
+    "nonstream_tool_call_not_object",
+    "StreamTracker._read_body spreads **c of a tool_calls item that is not an object",
+)
 def test_bug_nonstream_tool_call_not_an_object() -> None:
     """A non-object item in message.tool_calls is skipped, not an analysis failure."""
     tracker = StreamTracker(0.0, sse=False, clock=lambda: 1.0)
-    tracker.feed(orjson.dumps({"choices": [{"message": {"tool_calls": [
-        "junk", {"function": {"name": "f", "arguments": "{}"}}]}}]}))
+    tracker.feed(
+        orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "message": {
+                            "tool_calls": ["junk", {"function": {"name": "f", "arguments": "{}"}}]
+                        }
+                    }
+                ]
+            }
+        )
+    )
     obs = tracker.finish()
     assert obs.analysis_error is None
     assert [c.name for c in obs.tool_calls] == ["f"]
 
 
-@_known("counts_beyond_64_bits",
-        "ServerTimings.from_json / usage accept any int; sums overflow orjson's 64-bit range")
+@_known(
+    "counts_beyond_64_bits",
+    "ServerTimings.from_json / usage accept any int; sums overflow orjson's 64-bit range",
+)
 def test_bug_huge_counts_still_log() -> None:
     """Counts beyond 64 bits from the upstream do not make the record unloggable."""
     tracker = StreamTracker(0.0, sse=False, clock=lambda: 1.0)
-    tracker.feed(b'{"timings":{"prompt_n":18446744073709551615,"cache_n":18446744073709551615,'
-                 b'"prompt_ms":1.0}}')
+    tracker.feed(
+        b'{"timings":{"prompt_n":18446744073709551615,"cache_n":18446744073709551615,'
+        b'"prompt_ms":1.0}}'
+    )
     record = checks._build(tracker.finish(), sse=False)
     orjson.dumps(record.to_dict())
 
 
-@_known("metrics_negative_counts",
-        "Metrics.observe increments a Counter by prompt_n/cache_n, which may be negative")
+@_known(
+    "metrics_negative_counts",
+    "Metrics.observe increments a Counter by prompt_n/cache_n, which may be negative",
+)
 def test_bug_negative_counts_do_not_break_metrics() -> None:
     """Negative token counts from the upstream do not make the metrics sink raise."""
     tracker = StreamTracker(0.0, sse=False, clock=lambda: 1.0)
-    tracker.feed(b'{"usage":{"prompt_tokens":1,"completion_tokens":2,'
-                 b'"prompt_tokens_details":{"cached_tokens":5}}}')
-    from proxy.metrics import Metrics
+    tracker.feed(
+        b'{"usage":{"prompt_tokens":1,"completion_tokens":2,'
+        b'"prompt_tokens_details":{"cached_tokens":5}}}'
+    )
+    from proxy.serve.metrics import Metrics
 
     Metrics().observe(checks._build(tracker.finish(), sse=False))
 
 
-@_known("nonfinite_ratio",
-        "record.ratio() divides by a tiny positive prompt_ms/predicted_ms and returns inf")
+@_known(
+    "nonfinite_ratio",
+    "record.ratio() divides by a tiny positive prompt_ms/predicted_ms and returns inf",
+)
 def test_bug_tiny_durations_give_finite_rates() -> None:
     """A denormal prompt_ms from the upstream gives an unknown (or finite) rate, never inf."""
     tracker = StreamTracker(0.0, sse=False, clock=lambda: 1.0)
-    tracker.feed(b'{"timings":{"prompt_n":10,"prompt_ms":1e-306,"predicted_n":9,'
-                 b'"predicted_ms":5e-324}}')
+    tracker.feed(
+        b'{"timings":{"prompt_n":10,"prompt_ms":1e-306,"predicted_n":9,"predicted_ms":5e-324}}'
+    )
     record = checks._build(tracker.finish(), sse=False)
     for value in (record.prefill_tok_s, record.decode_tok_s):
         assert value is None or math.isfinite(value)
 
 
-@_known("deep_tools_render_key",
-        "accounting.begin -> schema.render_key -> orjson.dumps fails past 254 levels: HTTP 500")
+@_known(
+    "deep_tools_render_key",
+    "accounting.begin -> schema.render_key -> orjson.dumps fails past 254 levels: HTTP 500",
+)
 async def test_bug_deeply_nested_tools_are_relayed(
     fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactory
 ) -> None:
     """A tool request nested 300 deep is relayed (the upstream decides), not answered 500."""
     upstream, server = fake
     upstream.script = sse([b"data: {}\n\n", DONE])
-    proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
-                             accounting={"enabled": True})
-    body = (b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"tools":[{"type":'
-            b'"function","function":{"name":"f","parameters":' + b"[" * 300 + b"]" * 300
-            + b"}}]}")
+    proxy = await make_proxy(str(server.make_url("")).rstrip("/"), accounting={"enabled": True})
+    body = (
+        b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"tools":[{"type":'
+        b'"function","function":{"name":"f","parameters":' + b"[" * 300 + b"]" * 300 + b"}}]}"
+    )
     resp = await proxy.client.post("/v1/chat/completions", data=body)
     assert resp.status == 200, await resp.text()
     # the agent's request reached the upstream once (accounting look-ups may follow it)
@@ -590,9 +785,12 @@ def test_atheris_smoke(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if importlib.util.find_spec("atheris") is None:
         # atheris ships wheels for Linux x86_64 only (none for a Jetson's aarch64)
         if _ci() and sys.platform == "linux" and platform.machine() == "x86_64":
-            pytest.fail("atheris is not importable but CI is set: add it to the test extras "
-                        "(atheris>=2.3; sys_platform == 'linux' and platform_machine == "
-                        "'x86_64')", pytrace=False)
+            pytest.fail(
+                "atheris is not importable but CI is set: add it to the test extras "
+                "(atheris>=2.3; sys_platform == 'linux' and platform_machine == "
+                "'x86_64')",
+                pytrace=False,
+            )
         pytest.skip("atheris is not installed (python fuzz/fuzz_sse.py --plain=10 needs none)")
     seconds = int(os.environ.get("TIMING_PROXY_FUZZ_SECONDS") or (120 if FULL else 10))
     log = terminal_log(request.config, "fuzz")
@@ -604,11 +802,20 @@ def test_atheris_smoke(tmp_path: Path, request: pytest.FixtureRequest) -> None:
             corpus.mkdir()
             with logs[name].open("wb") as sink:  # a file, not a pipe: a full pipe would stall it
                 procs[name] = subprocess.Popen(
-                    [sys.executable, str(REPO / "fuzz" / f"fuzz_{name}.py"),
-                     f"-max_total_time={seconds}", "-timeout=10", "-rss_limit_mb=2048",
-                     "-print_final_stats=1", f"-dict={REPO / 'fuzz' / 'llama.dict'}",
-                     f"-artifact_prefix={tmp_path}/", str(corpus)],
-                    cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT,
+                    [
+                        sys.executable,
+                        str(REPO / "fuzz" / f"fuzz_{name}.py"),
+                        f"-max_total_time={seconds}",
+                        "-timeout=10",
+                        "-rss_limit_mb=2048",
+                        "-print_final_stats=1",
+                        f"-dict={REPO / 'fuzz' / 'llama.dict'}",
+                        f"-artifact_prefix={tmp_path}/",
+                        str(corpus),
+                    ],
+                    cwd=tmp_path,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
                 )
         deadline = time.monotonic() + seconds + 120
         for proc in procs.values():
@@ -630,8 +837,9 @@ def test_atheris_smoke(tmp_path: Path, request: pytest.FixtureRequest) -> None:
             if line.startswith(b"INFO: known bug hit"):
                 log(f"  fuzz_{name}: {line.decode(errors='replace')}")
         if proc.returncode != 0 or execs == 0:
-            failures.append(f"fuzz_{name} exited {proc.returncode}:\n"
-                            + out[-4000:].decode(errors="replace"))
+            failures.append(
+                f"fuzz_{name} exited {proc.returncode}:\n" + out[-4000:].decode(errors="replace")
+            )
     assert not failures, "\n\n".join(failures)
 
 

@@ -1,4 +1,4 @@
-"""Tests for proxy.headers: which headers cross the proxy, in either direction."""
+"""Tests for proxy.core.headers: which headers cross the proxy, in either direction."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from multidict import CIMultiDict
 
-from proxy.headers import HOP_BY_HOP, request_headers, response_headers
+from proxy.core.headers import HOP_BY_HOP, request_headers, response_headers
 
 Policy = Callable[[list[tuple[str, str]]], CIMultiDict[str]]
 

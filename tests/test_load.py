@@ -73,8 +73,13 @@ def stream_pieces(n: int) -> list[bytes]:
     """The SSE events of an ``n``-token llama-server chat stream, one write each."""
     pieces = [chat_event({"role": "assistant", "content": None})]
     pieces += [chat_event({"content": f" tok{i}"}) for i in range(n)]
-    pieces.append(chat_event({}, finish_reason="stop", timings=make_timings(
-        prompt_n=12, prompt_ms=3.0, predicted_n=n, predicted_ms=0.5 * n)))
+    pieces.append(
+        chat_event(
+            {},
+            finish_reason="stop",
+            timings=make_timings(prompt_n=12, prompt_ms=3.0, predicted_n=n, predicted_ms=0.5 * n),
+        )
+    )
     pieces.append(DONE)
     return pieces
 
@@ -84,19 +89,36 @@ def stream_body(n: int) -> bytes:
     return b"".join(stream_pieces(n))
 
 
-NONSTREAM_BODY = orjson.dumps({
-    "choices": [{"finish_reason": "stop", "index": 0,
-                 "message": {"role": "assistant", "content": "a short answer"}}],
-    "created": 1764471600, "model": "gemma-3-270m-q4_k_m.gguf", "object": "chat.completion",
-    "usage": {"completion_tokens": 3, "prompt_tokens": 12, "total_tokens": 15},
-    "id": "chatcmpl-load", "timings": make_timings(prompt_n=12, predicted_n=3),
-})
+NONSTREAM_BODY = orjson.dumps(
+    {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "index": 0,
+                "message": {"role": "assistant", "content": "a short answer"},
+            }
+        ],
+        "created": 1764471600,
+        "model": "gemma-3-270m-q4_k_m.gguf",
+        "object": "chat.completion",
+        "usage": {"completion_tokens": 3, "prompt_tokens": 12, "total_tokens": 15},
+        "id": "chatcmpl-load",
+        "timings": make_timings(prompt_n=12, predicted_n=3),
+    }
+)
 
 
 def request_body(stream: bool, events: int, gap_ms: int) -> bytes:
     """A chat request; ``max_tokens`` and ``gap_ms`` tell the fake upstream what to send."""
-    return orjson.dumps({"model": "gemma", "messages": [{"role": "user", "content": "hi"}],
-                         "stream": stream, "max_tokens": events, "gap_ms": gap_ms})
+    return orjson.dumps(
+        {
+            "model": "gemma",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream,
+            "max_tokens": events,
+            "gap_ms": gap_ms,
+        }
+    )
 
 
 def _write_port(port_file: str, port: int) -> None:
@@ -150,9 +172,6 @@ def _serve_upstream(port_file: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Processes
-
-
-
 
 
 def rss_mb(pid: int) -> float:
@@ -211,8 +230,13 @@ class Stack:
                     yield doc
 
 
-def _wait_for(check: Callable[[], bool], timeout: float, what: str,
-              proc: subprocess.Popen[bytes] | None = None, poll: float = 0.05) -> None:
+def _wait_for(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    poll: float = 0.05,
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if proc is not None and proc.poll() is not None:
@@ -230,23 +254,43 @@ def _answers(url: str) -> bool:
     return status == 200
 
 
-def _start_proxy(procs: list[subprocess.Popen[bytes]], config: Path, upstream_url: str,
-                 log_file: Path, stderr_file: Path, env: dict[str, str]
-                 ) -> tuple[subprocess.Popen[bytes], int]:
+def _start_proxy(
+    procs: list[subprocess.Popen[bytes]],
+    config: Path,
+    upstream_url: str,
+    log_file: Path,
+    stderr_file: Path,
+    env: dict[str, str],
+) -> tuple[subprocess.Popen[bytes], int]:
     """``python -m proxy serve`` on a free port, as in production; retried if the port is taken."""
     for attempt in range(3):  # the free port may be taken between the probe and the bind
         port = _free_port()
         with stderr_file.open("wb") as err:
             proxy = subprocess.Popen(
-                [sys.executable, "-m", "proxy", "serve", "--config", str(config),
-                 "--listen", f"127.0.0.1:{port}", "--upstream", upstream_url,
-                 "--log-file", str(log_file)],
-                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                [
+                    sys.executable,
+                    "-m",
+                    "proxy",
+                    "serve",
+                    "--config",
+                    str(config),
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--upstream",
+                    upstream_url,
+                    "--log-file",
+                    str(log_file),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
             )
         procs.append(proxy)
         try:
-            _wait_for(functools.partial(_answers, f"http://127.0.0.1:{port}"), 30.0,
-                      "proxy start", proxy)
+            _wait_for(
+                functools.partial(_answers, f"http://127.0.0.1:{port}"), 30.0, "proxy start", proxy
+            )
         except RuntimeError:
             if attempt == 2:
                 raise
@@ -265,7 +309,10 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         with (tmp_path / "upstream.stderr").open("wb") as err:  # the child keeps its copy
             upstream = subprocess.Popen(
                 [sys.executable, "-m", "tests.test_load", "upstream", str(port_file)],
-                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
             )
         procs.append(upstream)
         _wait_for(port_file.exists, 30.0, "fake upstream start", upstream)
@@ -278,8 +325,14 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         log_file = tmp_path / "proxy.jsonl"
         stderr_file = tmp_path / "proxy.stderr"
         proxy, port = _start_proxy(procs, config, upstream_url, log_file, stderr_file, env)
-        yield Stack(proxy=proxy, upstream=upstream, url=f"http://127.0.0.1:{port}", port=port,
-                    log_file=log_file, stderr_file=stderr_file)
+        yield Stack(
+            proxy=proxy,
+            upstream=upstream,
+            url=f"http://127.0.0.1:{port}",
+            port=port,
+            log_file=log_file,
+            stderr_file=stderr_file,
+        )
     finally:
         for proc in reversed(procs):
             _stop(proc)
@@ -350,7 +403,9 @@ class StatsPoller:
     def __enter__(self) -> StatsPoller:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.test_load", "poll", self.url, str(self.interval)],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         return self
 
@@ -382,10 +437,13 @@ class StatsPoller:
     def summary(self) -> str:
         def ms(values: list[float]) -> str:
             return "p50 {:.1f} ms, p99 {:.1f} ms, max {:.1f} ms".format(
-                *(1000 * self._quantile(values, q) for q in (0.5, 0.99, 1.0)))
+                *(1000 * self._quantile(values, q) for q in (0.5, 0.99, 1.0))
+            )
 
-        return (f"/stats {ms(self.latencies)} over {len(self.latencies)} polls; the same loop's "
-                f"trivial 404 {ms(self.trivial)}; failures {self.failures or 0}")
+        return (
+            f"/stats {ms(self.latencies)} over {len(self.latencies)} polls; the same loop's "
+            f"trivial 404 {ms(self.trivial)}; failures {self.failures or 0}"
+        )
 
 
 @dataclass
@@ -403,12 +461,14 @@ class Tally:
             self.first_errors.append(what)
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, expected: bytes,
-               tally: Tally) -> None:
+async def _one(
+    session: aiohttp.ClientSession, url: str, body: bytes, expected: bytes, tally: Tally
+) -> None:
     tally.sent += 1
     try:
-        async with session.post(url + "/v1/chat/completions", data=body,
-                                headers={"Content-Type": "application/json"}) as resp:
+        async with session.post(
+            url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
             got = await resp.read()
             if resp.status != 200:
                 tally.error(f"status: {resp.status} {got[:200]!r}")
@@ -420,9 +480,15 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, expected: 
         tally.error(f"{type(exc).__name__}: {exc}")
 
 
-async def _drive(url: str, concurrency: int, make: Callable[[int], tuple[bytes, bytes]],
-                 *, until: float | None = None, total: int | None = None,
-                 on_progress: Callable[[int], None] | None = None) -> Tally:
+async def _drive(
+    url: str,
+    concurrency: int,
+    make: Callable[[int], tuple[bytes, bytes]],
+    *,
+    until: float | None = None,
+    total: int | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> Tally:
     """``concurrency`` workers send requests until the deadline or the total count."""
     tally = Tally()
     counter = iter(range(total if total is not None else 1 << 62))
@@ -464,9 +530,11 @@ def _check_records(stack: Stack, sent: int, log: Callable[[str], None]) -> None:
     assert status == 200
     stats = orjson.loads(body)
     others = {k: v for k, v in events.items() if k not in ("request_completed", "proxy_started")}
-    log(f"recorded: {events['request_completed']} request_completed lines for {sent} requests, "
+    log(
+        f"recorded: {events['request_completed']} request_completed lines for {sent} requests, "
         f"/stats requests={stats['requests']}, outcomes {dict(outcomes)}, other log events "
-        f"{others or 'none'}")
+        f"{others or 'none'}"
+    )
     assert events["request_completed"] == sent, "not every request was recorded"
     assert stats["requests"] == sent, "/stats does not count every request"
     assert outcomes == Counter({("completed", 200, None): sent}), outcomes
@@ -529,11 +597,12 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
         sent_so_far[0] = warm.sent + n
 
     with StatsPoller(stack.url) as poller:
-        sampler = asyncio.ensure_future(sample_rss())
+        sampler = asyncio.ensure_future(sample_rss())  # noqa: TID251 (held, cancelled below)
         try:
             async with asyncio.timeout(STREAM_SECONDS + 120):
-                tally = await _drive(stack.url, STREAMS, make, until=t0 + STREAM_SECONDS,
-                                     on_progress=progress)
+                tally = await _drive(
+                    stack.url, STREAMS, make, until=t0 + STREAM_SECONDS, on_progress=progress
+                )
         finally:
             sampler.cancel()
     elapsed = time.monotonic() - t0
@@ -541,19 +610,25 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
     _wait_recorded(stack, sent)
     rss_end = stack.rss_mb()
     samples.append((elapsed, sent, rss_end))
-    log(f"streams: {STREAMS} concurrent x {STREAM_EVENTS + 3} events ({STREAM_GAP_MS} ms "
+    log(
+        f"streams: {STREAMS} concurrent x {STREAM_EVENTS + 3} events ({STREAM_GAP_MS} ms "
         f"apart), {tally.sent} streams in {elapsed:.1f} s = {tally.sent / elapsed:.0f} "
-        f"streams/s, {tally.ok} byte-identical, errors {dict(tally.errors) or 0}")
+        f"streams/s, {tally.ok} byte-identical, errors {dict(tally.errors) or 0}"
+    )
     log(f"streams: {poller.summary()}")
-    log(f"streams: proxy RSS start {rss_start:.1f} MB (after {warm.sent} warm-up streams), "
-        f"end {rss_end:.1f} MB, delta {rss_end - rss_start:+.1f} MB")
+    log(
+        f"streams: proxy RSS start {rss_start:.1f} MB (after {warm.sent} warm-up streams), "
+        f"end {rss_end:.1f} MB, delta {rss_end - rss_start:+.1f} MB"
+    )
     _report_rss(log, samples)
     assert not tally.errors, tally.first_errors
     assert tally.ok == tally.sent > STREAMS
     _check_records(stack, sent, log)
     idle = _idle_stats_latency(stack.url)
-    log(f"streams: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
-        f"{1000 * idle[-1]:.1f} ms")
+    log(
+        f"streams: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
+        f"{1000 * idle[-1]:.1f} ms"
+    )
     assert not poller.failures, poller.failures
     assert len(poller.latencies) >= 10
     assert poller.quantile(0.5) <= STATS_P50_LOADED_S, "/stats too slow under load"
@@ -591,26 +666,33 @@ async def test_soak(stack: Stack, request: pytest.FixtureRequest) -> None:
 
     with StatsPoller(stack.url, interval=1.0) as poller:
         async with asyncio.timeout(1800 if FULL else 300):
-            tally = await _drive(stack.url, SOAK_CONCURRENCY, make, total=SOAK_REQUESTS,
-                                 on_progress=progress)
+            tally = await _drive(
+                stack.url, SOAK_CONCURRENCY, make, total=SOAK_REQUESTS, on_progress=progress
+            )
     elapsed = time.monotonic() - t0
     sent = warm.sent + tally.sent
     _wait_recorded(stack, sent)
     rss_end = stack.rss_mb()
     samples.append((elapsed, sent, rss_end))
-    log(f"soak: {tally.sent} requests (half streams of {SOAK_EVENTS + 3} events, half JSON) "
+    log(
+        f"soak: {tally.sent} requests (half streams of {SOAK_EVENTS + 3} events, half JSON) "
         f"at concurrency {SOAK_CONCURRENCY} in {elapsed:.1f} s = {tally.sent / elapsed:.0f} "
-        f"req/s, {tally.ok} byte-identical, errors {dict(tally.errors) or 0}")
+        f"req/s, {tally.ok} byte-identical, errors {dict(tally.errors) or 0}"
+    )
     log(f"soak: {poller.summary()}")
-    log(f"soak: proxy RSS start {rss_start:.1f} MB, end {rss_end:.1f} MB, delta "
-        f"{rss_end - rss_start:+.1f} MB")
+    log(
+        f"soak: proxy RSS start {rss_start:.1f} MB, end {rss_end:.1f} MB, delta "
+        f"{rss_end - rss_start:+.1f} MB"
+    )
     _report_rss(log, samples)
     assert not tally.errors, tally.first_errors
     assert tally.ok == tally.sent == SOAK_REQUESTS
     _check_records(stack, sent, log)
     idle = _idle_stats_latency(stack.url)
-    log(f"soak: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
-        f"{1000 * idle[-1]:.1f} ms")
+    log(
+        f"soak: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
+        f"{1000 * idle[-1]:.1f} ms"
+    )
     assert not poller.failures, poller.failures
     assert poller.quantile(0.5) <= STATS_P50_LOADED_S, "/stats too slow under load"
     assert poller.quantile(0.99) <= STATS_P99_LOADED_S, "/stats too slow under load"

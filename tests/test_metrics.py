@@ -34,8 +34,9 @@ def _routed(metrics: bytes | None) -> Any:
     return script
 
 
-async def _start(fake: Any, make_proxy: ProxyFactory, metrics: bytes | None,
-                 **sections: dict[str, object]) -> ProxyUnderTest:
+async def _start(
+    fake: Any, make_proxy: ProxyFactory, metrics: bytes | None, **sections: dict[str, object]
+) -> ProxyUnderTest:
     upstream, server = fake
     upstream.script = _routed(metrics)
     return await make_proxy(str(server.make_url("")).rstrip("/"), **sections)
@@ -59,8 +60,9 @@ def _families(text: str) -> dict[str, Any]:
 class TestMetricsPage:
     """What a Prometheus scrape of the proxy reads."""
 
-    async def test_ttft_histogram_counts_each_request(self, fake: Any, make_proxy: ProxyFactory
-                                                       ) -> None:
+    async def test_ttft_histogram_counts_each_request(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
         """After three streamed chats the TTFT histogram has count 3 under model and kind."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
         await _chat(proxy, 3)
@@ -73,32 +75,51 @@ class TestMetricsPage:
         assert len(counts) == 1
         assert counts[0].value == 3
         assert counts[0].labels == {"model": proxy.captured.last.model, "kind": "chat"}
-        infinity = [s for s in ttft.samples
-                    if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"]
+        infinity = [
+            s for s in ttft.samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"
+        ]
         assert infinity[0].value == 3
-        assert max(float(s.labels["le"]) for s in ttft.samples
-                   if s.name.endswith("_bucket") and s.labels["le"] != "+Inf") >= 300
+        assert (
+            max(
+                float(s.labels["le"])
+                for s in ttft.samples
+                if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+            )
+            >= 300
+        )
 
-    async def test_request_counter_and_token_counters(self, fake: Any, make_proxy: ProxyFactory
-                                                      ) -> None:
+    async def test_request_counter_and_token_counters(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
         """Requests are counted by kind, outcome and status; prompt tokens by cache state."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
         await _chat(proxy, 2)
         fams = _families(await (await proxy.client.get("/metrics")).text())
-        reqs = {tuple(sorted(s.labels.items())): s.value
-                for s in fams["timing_proxy_requests"].samples}
-        key = tuple(sorted({"model": proxy.captured.last.model, "kind": "chat",
-                            "outcome": "completed", "status": "200"}.items()))
+        reqs = {
+            tuple(sorted(s.labels.items())): s.value for s in fams["timing_proxy_requests"].samples
+        }
+        key = tuple(
+            sorted(
+                {
+                    "model": proxy.captured.last.model,
+                    "kind": "chat",
+                    "outcome": "completed",
+                    "status": "200",
+                }.items()
+            )
+        )
         assert reqs[key] == 2
-        tokens = {s.labels["cached"]: s.value
-                  for s in fams["timing_proxy_prompt_tokens_by_cache"].samples}
+        tokens = {
+            s.labels["cached"]: s.value for s in fams["timing_proxy_prompt_tokens_by_cache"].samples
+        }
         r = proxy.captured.last
         assert r.prompt_tokens is not None and r.cache_n is not None
         assert tokens["false"] == 2 * (r.prompt_tokens - r.cache_n)
         assert tokens["true"] == 2 * r.cache_n
 
-    async def test_llama_server_metrics_are_merged(self, fake: Any, make_proxy: ProxyFactory
-                                                   ) -> None:
+    async def test_llama_server_metrics_are_merged(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
         """llama-server's own families follow the proxy's, and the up gauge says so."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
         fams = _families(await (await proxy.client.get("/metrics")).text())
@@ -117,8 +138,7 @@ class TestMetricsPage:
 class TestAccess:
     """The bearer token guards /stats, /metrics and /dashboard, and only them."""
 
-    async def test_reserved_paths_need_the_token(self, fake: Any, make_proxy: ProxyFactory
-                                                 ) -> None:
+    async def test_reserved_paths_need_the_token(self, fake: Any, make_proxy: ProxyFactory) -> None:
         """With auth_token set, the reserved paths answer 401 without it and 200 with it."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS, server={"auth_token": "s3cret"})
         for path in ("/stats", "/metrics", "/dashboard"):
@@ -132,8 +152,7 @@ class TestAccess:
         page = await proxy.client.get("/dashboard?token=s3cret")
         assert page.status == 200
 
-    async def test_relayed_paths_are_not_guarded(self, fake: Any, make_proxy: ProxyFactory
-                                                 ) -> None:
+    async def test_relayed_paths_are_not_guarded(self, fake: Any, make_proxy: ProxyFactory) -> None:
         """The agent's requests pass without the proxy's token: llama-server checks its own."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS, server={"auth_token": "s3cret"})
         upstream: FakeUpstream = fake[0]

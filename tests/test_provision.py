@@ -1,4 +1,4 @@
-"""Tests for proxy.provision: model assembly, sdist handling, build reuse, LlamaServer."""
+"""Tests for proxy.commands.provision: model assembly, sdist handling, build reuse, LlamaServer."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy import provision
-from proxy.provision import (
+from proxy.commands import provision
+from proxy.commands.provision import (
     LlamaServer,
     LlamaServerError,
     ProvisionError,

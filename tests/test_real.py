@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from proxy.headers import REQUEST_ID_HEADER
-from proxy.provision import LlamaServer
+from proxy.commands.provision import LlamaServer
+from proxy.core.headers import REQUEST_ID_HEADER
 from tests.conftest import ProxyProcess
 
 pytestmark = pytest.mark.real
@@ -40,8 +40,11 @@ ARM_TOOL = {
         "description": "Move the robot arm's gripper to a position in metres.",
         "parameters": {
             "type": "object",
-            "properties": {"x": {"type": "number"}, "y": {"type": "number"},
-                           "z": {"type": "number"}},
+            "properties": {
+                "x": {"type": "number"},
+                "y": {"type": "number"},
+                "z": {"type": "number"},
+            },
             "required": ["x", "y", "z"],
         },
     },
@@ -109,8 +112,10 @@ class TestThroughTheProxy:
     def test_streamed_chat(self, proxy_process: ProxyProcess, llama_server: LlamaServer) -> None:
         """A streamed chat is the same through the proxy as direct, and its record is exact."""
         kwargs: dict[str, Any] = {
-            "model": "gemma", "messages": [{"role": "user", "content": "Name three colours."}],
-            "max_tokens": 16, "temperature": 0,
+            "model": "gemma",
+            "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 16,
+            "temperature": 0,
         }
         direct = _stream(_sdk(llama_server.url), **kwargs)
         proxied = _stream(_sdk(proxy_process.url), **kwargs)
@@ -123,11 +128,13 @@ class TestThroughTheProxy:
         assert proxied.ttft_ms is not None and record["ttft_ms"] is not None
         # the test's clock starts before the SDK sends; the proxy's when it has the request
         assert 0 <= proxied.ttft_ms - record["ttft_ms"] < 25, (proxied.ttft_ms, record["ttft_ms"])
-        assert record["overhead_ms"] == pytest.approx(record["ttft_ms"] - record["prefill_ms"],
-                                                      abs=1e-3)
+        assert record["overhead_ms"] == pytest.approx(
+            record["ttft_ms"] - record["prefill_ms"], abs=1e-3
+        )
 
-    def test_streamed_tool_call(self, proxy_process: ProxyProcess, llama_server: LlamaServer
-                                ) -> None:
+    def test_streamed_tool_call(
+        self, proxy_process: ProxyProcess, llama_server: LlamaServer
+    ) -> None:
         """A streamed tool call gives the same call as direct; the record counts and times it."""
         kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q, **TOOL_ARGS}
         direct = _stream(_sdk(llama_server.url), **kwargs)
@@ -145,12 +152,15 @@ class TestThroughTheProxy:
         assert record["finish_reason"] == "tool_calls"
         assert record["ttft_ms"] <= record["tool_call_ms"] <= record["e2e_ms"]
 
-    def test_non_streamed_chat(self, proxy_process: ProxyProcess, llama_server: LlamaServer
-                               ) -> None:
+    def test_non_streamed_chat(
+        self, proxy_process: ProxyProcess, llama_server: LlamaServer
+    ) -> None:
         """A non-streamed chat matches direct; its record takes the body's top-level timings."""
         kwargs: dict[str, Any] = {
-            "model": "gemma", "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": 12, "temperature": 0,
+            "model": "gemma",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 12,
+            "temperature": 0,
         }
         direct = _sdk(llama_server.url).chat.completions.create(**kwargs)
         raw = _sdk(proxy_process.url).chat.completions.with_raw_response.create(**kwargs)
@@ -166,9 +176,13 @@ class TestThroughTheProxy:
     def test_repeated_prompt_hits_the_cache(self, proxy_process: ProxyProcess) -> None:
         """The same prompt twice: the second record shows the prompt cache's reuse."""
         kwargs: dict[str, Any] = {
-            "model": "gemma", "max_tokens": 4, "temperature": 0,
-            "messages": [{"role": "system", "content": "You are a terse robot. " * 20},
-                         {"role": "user", "content": "Status?"}],
+            "model": "gemma",
+            "max_tokens": 4,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": "You are a terse robot. " * 20},
+                {"role": "user", "content": "Status?"},
+            ],
         }
         client = _sdk(proxy_process.url)
         first = _stream(client, **kwargs)
@@ -182,8 +196,7 @@ class TestThroughTheProxy:
         assert r2["prompt_tokens"] == r1["prompt_tokens"]
         assert r2["prefill_ms"] < r1["prefill_ms"] or r1["cache_n"] > 0
 
-    def test_log_never_holds_prompt_or_completion_text(self, proxy_process: ProxyProcess
-                                                      ) -> None:
+    def test_log_never_holds_prompt_or_completion_text(self, proxy_process: ProxyProcess) -> None:
         """The log file, /stats and /metrics have the records but none of the prompts,
         completions, tool arguments or the API key."""
         text = proxy_process.log_file.read_text()
@@ -194,14 +207,21 @@ class TestThroughTheProxy:
                 pages.append(resp.read().decode())
         assert '"kinds"' in pages[1] and "gen_ai_server_time_to_first_token" in pages[2]
         for page in pages:
-            for secret in ("Paris right now", "Name three colours", "terse robot", "sk-none",
-                           '\\"city\\"', '"city"'):
+            for secret in (
+                "Paris right now",
+                "Name three colours",
+                "terse robot",
+                "sk-none",
+                '\\"city\\"',
+                '"city"',
+            ):
                 assert secret not in page
 
 
 def _post_json(url: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -215,18 +235,27 @@ def _nonce_tools(nonce: str) -> list[dict[str, Any]]:
 class TestSchemaAccounting:
     """Schema and tool-call accounting against the served model's own template and tokenizer."""
 
-    def test_schema_tokens_cold_then_cached(self, proxy_process: ProxyProcess,
-                                            llama_server: LlamaServer) -> None:
+    def test_schema_tokens_cold_then_cached(
+        self, proxy_process: ProxyProcess, llama_server: LlamaServer
+    ) -> None:
         """A new schema is charged on the cold request and free on an identical repeat."""
         tools = _nonce_tools(str(time.time_ns()))
-        kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q,
-                                  **TOOL_ARGS, "tools": tools, "max_tokens": 8}
+        kwargs: dict[str, Any] = {
+            "model": "gemma",
+            "messages": WEATHER_Q,
+            **TOOL_ARGS,
+            "tools": tools,
+            "max_tokens": 8,
+        }
         client = _sdk(proxy_process.url)
         cold = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
         warm = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
         # the independent count: llama-server's input_tokens with and without the tools
-        body = {"messages": WEATHER_Q, "tools": tools,
-                "chat_template_kwargs": {"enable_thinking": False}}
+        body = {
+            "messages": WEATHER_Q,
+            "tools": tools,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         url = llama_server.url + "/v1/chat/completions/input_tokens"
         with_tools = _post_json(url, body)["input_tokens"]
         without = _post_json(url, {k: v for k, v in body.items() if k != "tools"})["input_tokens"]
@@ -245,8 +274,13 @@ class TestSchemaAccounting:
     def test_busted_cache_is_reported(self, proxy_process: ProxyProcess) -> None:
         """The same schema prefilled again (cache_prompt false) is flagged and counted."""
         tools = _nonce_tools(str(time.time_ns()))
-        kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q,
-                                  **TOOL_ARGS, "tools": tools, "max_tokens": 4}
+        kwargs: dict[str, Any] = {
+            "model": "gemma",
+            "messages": WEATHER_Q,
+            **TOOL_ARGS,
+            "tools": tools,
+            "max_tokens": 4,
+        }
         client = _sdk(proxy_process.url)
         first = proxy_process.record(_stream(client, **kwargs).request_id, within=15)
         busted = {**kwargs, "extra_body": {**kwargs["extra_body"], "cache_prompt": False}}
@@ -261,8 +295,7 @@ class TestSchemaAccounting:
         flagged = [e for e in proxy_process.events() if e.get("event") == "schema_prefilled_again"]
         assert any(e["id"] == again["id"] for e in flagged)
 
-    def test_tool_call_tokens(self, proxy_process: ProxyProcess, llama_server: LlamaServer
-                              ) -> None:
+    def test_tool_call_tokens(self, proxy_process: ProxyProcess, llama_server: LlamaServer) -> None:
         """tool_args_tokens equals /tokenize of the call's arguments; the call's tokens are
         predicted_n when the turn ends with the call."""
         kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q, **TOOL_ARGS}
@@ -270,8 +303,9 @@ class TestSchemaAccounting:
         record = proxy_process.record(result.request_id, within=15)
         assert record["finish_reason"] == "tool_calls"
         args = result.tool_calls[0]["arguments"]
-        tokens = _post_json(llama_server.url + "/tokenize",
-                            {"content": args, "add_special": False})["tokens"]
+        tokens = _post_json(
+            llama_server.url + "/tokenize", {"content": args, "add_special": False}
+        )["tokens"]
         assert record["tool_args_tokens"] == len(tokens)
         assert record["tool_args_tokens_source"] == "server"
         assert record["tool_call_tokens"] == record["predicted_n"]
@@ -288,8 +322,11 @@ class TestMetricsReal:
         with urllib.request.urlopen(proxy_process.url + "/metrics", timeout=10) as resp:
             text = resp.read().decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        counted = sum(s.value for s in families["gen_ai_server_time_to_first_token_seconds"].samples
-                      if s.name.endswith("_count"))
+        counted = sum(
+            s.value
+            for s in families["gen_ai_server_time_to_first_token_seconds"].samples
+            if s.name.endswith("_count")
+        )
         with_ttft = [r for r in proxy_process.records().values() if r["ttft_ms"] is not None]
         assert counted == len(with_ttft) > 0
         assert "llamacpp:prompt_tokens" in families
@@ -306,11 +343,16 @@ class TestConnectionReuse:
         pooled socket that llama-server had closed)."""
         statuses = []
         for i in range(30):
-            body = {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2,
-                    "stream": i % 2 == 0}
-            req = urllib.request.Request(proxy_process.url + "/v1/chat/completions",
-                                         data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+            body = {
+                "messages": [{"role": "user", "content": f"hi {i}"}],
+                "max_tokens": 2,
+                "stream": i % 2 == 0,
+            }
+            req = urllib.request.Request(
+                proxy_process.url + "/v1/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=60) as resp:
                     resp.read()

@@ -1,4 +1,4 @@
-"""Tests for proxy.record (Record, ServerTimings, derive, ms, ratio) and proxy.assemble."""
+"""Tests for proxy.core.record (Record, ServerTimings, derive, ms, ratio) and assemble."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.assemble import Exchange, build_record, tool_calls_valid
-from proxy.record import Kind, Outcome, Record, ServerTimings, derive, ms, ratio
-from proxy.request import RequestFacts
-from proxy.tracker import Observation, ToolCall
+from proxy.core.assemble import Exchange, build_record, tool_calls_valid
+from proxy.core.record import Kind, Outcome, Record, ServerTimings, derive, ms, ratio
+from proxy.core.request import RequestFacts
+from proxy.core.tracker import Observation, ToolCall
 
 # The timing fields the brief and README name: a rename of any of these must fail a test.
 CORE_FIELDS = [

@@ -13,9 +13,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.app import STATS
-from proxy.headers import REQUEST_ID_HEADER
-from proxy.record import Kind, Outcome, Record
+from proxy.core.headers import REQUEST_ID_HEADER
+from proxy.core.record import Kind, Outcome, Record
+from proxy.serve.app import STATS
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import (
     DONE,
@@ -49,13 +49,15 @@ async def _wait_record(proxy: ProxyUnderTest, count: int = 1, within: float = 5.
         await asyncio.sleep(0.005)
 
 
-async def _raw_request(url: str, body: bytes, path: str = "/v1/chat/completions"
-                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _raw_request(
+    url: str, body: bytes, path: str = "/v1/chat/completions"
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     await writer.drain()
     return reader, writer
@@ -71,7 +73,8 @@ class TestReplayedRecordings:
         rec = load_recording(name)
         upstream.script = replay(rec)
         resp = await proxy.client.request(
-            rec.request_method, rec.request_path,
+            rec.request_method,
+            rec.request_path,
             data=rec.request_body or None,
             headers={"Content-Type": "application/json"},
         )
@@ -97,12 +100,15 @@ class TestReplayedRecordings:
         timings = orjson.loads(events[-1][6:])["timings"]
         r = proxy.captured.last
         assert (r.prefill_ms, r.decode_ms, r.cache_n, r.prompt_n, r.predicted_n) == (
-            timings["prompt_ms"], timings["predicted_ms"], timings["cache_n"],
-            timings["prompt_n"], timings["predicted_n"])
+            timings["prompt_ms"],
+            timings["predicted_ms"],
+            timings["cache_n"],
+            timings["prompt_n"],
+            timings["predicted_n"],
+        )
         assert r.kind is Kind.CHAT and r.stream is True
         assert r.ttft_ms is not None and r.ttfb_ms is not None and r.e2e_ms is not None
         assert r.ttfb_ms <= r.ttft_ms <= r.e2e_ms
-
 
     async def test_request_ids_are_distinct_64_bit_hex(self, proxied: Proxied) -> None:
         """Each request gets its own id, 16 lowercase hex digits, sent to the agent in the
@@ -131,8 +137,11 @@ class TestRequestForwarding:
         resp = await proxy.client.post(
             "/v1/chat/completions",
             data=body,
-            headers={"Authorization": "Bearer sk-test", "X-Api-Key": "k1",
-                     "Content-Type": "application/json"},
+            headers={
+                "Authorization": "Bearer sk-test",
+                "X-Api-Key": "k1",
+                "Content-Type": "application/json",
+            },
         )
         seen = orjson.loads(await resp.read())
         assert base64.b64decode(seen["body_b64"]) == body
@@ -160,8 +169,13 @@ class TestRequestForwarding:
         upstream.script = echo()
         resp = await proxy.client.get(
             "/health",
-            headers={"Connection": "keep-alive, X-Secret-Hop", "X-Secret-Hop": "1",
-                     "Keep-Alive": "timeout=5", "TE": "trailers", "X-End-To-End": "yes"},
+            headers={
+                "Connection": "keep-alive, X-Secret-Hop",
+                "X-Secret-Hop": "1",
+                "Keep-Alive": "timeout=5",
+                "TE": "trailers",
+                "X-End-To-End": "yes",
+            },
         )
         names = {k.lower() for k, _ in orjson.loads(await resp.read())["headers"]}
         assert "x-secret-hop" not in names
@@ -171,9 +185,17 @@ class TestRequestForwarding:
     async def test_hop_by_hop_response_headers_do_not_cross(self, proxied: Proxied) -> None:
         """Hop-by-hop response headers and those named by Connection are dropped."""
         upstream, proxy = proxied
-        upstream.script = json_response(200, b"{}", headers=(
-            ("Content-Type", "application/json"), ("Connection", "X-Hop"),
-            ("X-Hop", "1"), ("Keep-Alive", "timeout=5, max=100"), ("X-Kept", "2")))
+        upstream.script = json_response(
+            200,
+            b"{}",
+            headers=(
+                ("Content-Type", "application/json"),
+                ("Connection", "X-Hop"),
+                ("X-Hop", "1"),
+                ("Keep-Alive", "timeout=5, max=100"),
+                ("X-Kept", "2"),
+            ),
+        )
         resp = await proxy.client.get("/props")
         assert await resp.read() == b"{}"
         assert "X-Hop" not in resp.headers and "Keep-Alive" not in resp.headers
@@ -183,7 +205,8 @@ class TestRequestForwarding:
         """A body that is not JSON reaches the upstream unchanged and the record says why."""
         upstream, proxy = proxied
         upstream.script = json_response(
-            400, b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}')
+            400, b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}'
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=b"{not json")
         assert resp.status == 400
         assert upstream.seen[0].body == b"{not json"
@@ -196,8 +219,9 @@ class TestRequestForwarding:
     ) -> None:
         """A body over max_body_bytes gets an OpenAI-shaped 413 and never reaches the upstream."""
         upstream, server = fake
-        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
-                                 server={"max_body_bytes": 100})
+        proxy = await make_proxy(
+            str(server.make_url("")).rstrip("/"), server={"max_body_bytes": 100}
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=b"x" * 101)
         assert resp.status == 413
         err = (await resp.json())["error"]
@@ -211,8 +235,9 @@ class TestRequestForwarding:
 class TestFailures:
     """Failures become outcomes; the agent gets an error or a visibly truncated stream."""
 
-    async def test_unreachable_upstream_gives_openai_shaped_502(self, make_proxy: ProxyFactory
-                                                                 ) -> None:
+    async def test_unreachable_upstream_gives_openai_shaped_502(
+        self, make_proxy: ProxyFactory
+    ) -> None:
         """With nothing listening upstream the agent gets 502 with an OpenAI error body."""
         proxy = await make_proxy("http://127.0.0.1:9")
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
@@ -245,21 +270,24 @@ class TestFailures:
         """No upstream headers within header_timeout_s: 504, and the upstream socket is closed."""
         upstream, server = fake
         upstream.script = hang_before_headers(30)
-        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
-                                 upstream={"header_timeout_s": 0.3})
+        proxy = await make_proxy(
+            str(server.make_url("")).rstrip("/"), upstream={"header_timeout_s": 0.3}
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         assert resp.status == 504
         assert (await resp.json())["error"]["code"] == "upstream_timeout"
         assert await upstream.seen[0].wait_connection_closed(within=2.0)
         assert proxy.captured.last.outcome is Outcome.UPSTREAM_TIMEOUT
 
-    async def test_idle_upstream_mid_stream_is_cut(self, fake: Any, make_proxy: ProxyFactory
-                                                   ) -> None:
+    async def test_idle_upstream_mid_stream_is_cut(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
         """A stream silent for longer than idle_timeout_s is aborted both ways."""
         upstream, server = fake
         upstream.script = stall_after([chat_event({"content": "a"})], 30)
-        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
-                                 upstream={"idle_timeout_s": 0.3})
+        proxy = await make_proxy(
+            str(server.make_url("")).rstrip("/"), upstream={"idle_timeout_s": 0.3}
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         with pytest.raises(aiohttp.ClientPayloadError):
             await resp.read()
@@ -273,8 +301,9 @@ class TestFailures:
         """Events 0.1 s apart for 1.2 s pass an idle timeout of 0.5 s: no total deadline."""
         upstream, server = fake
         upstream.script = slow_steady(12, 0.1)
-        proxy = await make_proxy(str(server.make_url("")).rstrip("/"),
-                                 upstream={"idle_timeout_s": 0.5})
+        proxy = await make_proxy(
+            str(server.make_url("")).rstrip("/"), upstream={"idle_timeout_s": 0.5}
+        )
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         body = await resp.read()
         assert body.endswith(DONE)
@@ -321,17 +350,20 @@ class TestClientHangUp:
 class TestObservation:
     """The analysis beside the relay."""
 
-    async def test_chunking_and_pings_do_not_change_bytes_or_record(self, proxied: Proxied
-                                                                     ) -> None:
+    async def test_chunking_and_pings_do_not_change_bytes_or_record(self, proxied: Proxied) -> None:
         """A stream cut into 7-byte writes with pings arrives intact and is analysed fully."""
         upstream, proxy = proxied
         events = [
             chat_event({"role": "assistant", "content": None}),
             chat_event({"content": "h\u00e9llo \u6f22"}),
             PING,
-            chat_event({}, finish_reason="stop",
-                       timings=make_timings(prompt_n=7, prompt_ms=70.0, predicted_n=3,
-                                            predicted_ms=20.0, cache_n=5)),
+            chat_event(
+                {},
+                finish_reason="stop",
+                timings=make_timings(
+                    prompt_n=7, prompt_ms=70.0, predicted_n=3, predicted_ms=20.0, cache_n=5
+                ),
+            ),
             DONE,
         ]
         upstream.script = sse(events, chunking=7)
@@ -365,8 +397,16 @@ class TestObservation:
         upstream, proxy = proxied
         stats = proxy.app[STATS]
         for i in range(3000):
-            stats.add(Record(id=f"r-{i}", ts="t", method="POST", path="/v1/chat/completions",
-                             kind=Kind.TOOL if i % 2 else Kind.CHAT, ttft_ms=float(i)))
+            stats.add(
+                Record(
+                    id=f"r-{i}",
+                    ts="t",
+                    method="POST",
+                    path="/v1/chat/completions",
+                    kind=Kind.TOOL if i % 2 else Kind.CHAT,
+                    ttft_ms=float(i),
+                )
+            )
         builds = []
         steps = stats.snapshot_steps
         monkeypatch.setattr(stats, "snapshot_steps", lambda: builds.append(1) or steps())
@@ -394,9 +434,12 @@ class TestUpstreamConnections:
         """llama-server closes the socket after every event stream without saying so; the
         next request, streamed or not, must not land on that dead socket (no 502)."""
         upstream, proxy = proxied
-        events = [chat_event({"role": "assistant", "content": None}),
-                  chat_event({"content": "a"}),
-                  chat_event({}, finish_reason="stop", timings=make_timings()), DONE]
+        events = [
+            chat_event({"role": "assistant", "content": None}),
+            chat_event({"content": "a"}),
+            chat_event({}, finish_reason="stop", timings=make_timings()),
+            DONE,
+        ]
         plain = json_response(200, b'{"choices":[],"timings":{"prompt_n":1}}')
 
         doomed: set[Any] = set()

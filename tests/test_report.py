@@ -1,4 +1,4 @@
-"""Tests for proxy.report (reading logs, the report document, the text table) and proxy.plot."""
+"""Tests for proxy.commands.report (reading logs, the report, the text table) and plot."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config import BoardConfig
-from proxy.record import Kind, Outcome, Record
-from proxy.report import (
+from proxy.commands.report import (
     ReportError,
     Run,
     build_report,
@@ -27,8 +25,10 @@ from proxy.report import (
     render_text,
     run_report,
 )
-from proxy.roofline import Board, ModelMeta
-from proxy.stats import SUMMARY_FIELDS, Stats
+from proxy.config import BoardConfig
+from proxy.core.record import Kind, Outcome, Record
+from proxy.core.roofline import Board, ModelMeta
+from proxy.core.stats import SUMMARY_FIELDS, Stats
 
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
 SEED_RUN_MEDIANS = [2070.0, 2061.0, 2066.0]  # ms, the seed's three reruns
@@ -42,18 +42,35 @@ def rec(
     i: int = 0, kind: Kind = Kind.TOOL, outcome: Outcome = Outcome.COMPLETED, **fields: Any
 ) -> Record:
     """A record with id ``r-i`` and the given fields."""
-    return Record(id=f"r-{i}", ts="2026-10-04T10:00:00Z", method="POST",
-                  path="/v1/chat/completions", model="qwen3-4b", kind=kind, outcome=outcome,
-                  **fields)
+    return Record(
+        id=f"r-{i}",
+        ts="2026-10-04T10:00:00Z",
+        method="POST",
+        path="/v1/chat/completions",
+        model="qwen3-4b",
+        kind=kind,
+        outcome=outcome,
+        **fields,
+    )
 
 
 def tool_call(i: int, total: float, **fields: Any) -> Record:
     """A completed tool call of ``total`` ms: TTFT 820, prefill 796, 10 tokens."""
     base: dict[str, Any] = {
-        "ttft_ms": 820.0, "prefill_ms": 796.0, "overhead_ms": 24.0, "decode_ms": total - 820.0,
-        "e2e_ms": total, "tool_call_ms": total, "predicted_n": 10, "decode_tok_s": 6.0,
-        "tool_calls": 1, "tool_call_valid": True, "tool_call_tokens": 10, "prompt_n": 420,
-        "cache_n": 0, "prompt_tokens": 420,
+        "ttft_ms": 820.0,
+        "prefill_ms": 796.0,
+        "overhead_ms": 24.0,
+        "decode_ms": total - 820.0,
+        "e2e_ms": total,
+        "tool_call_ms": total,
+        "predicted_n": 10,
+        "decode_tok_s": 6.0,
+        "tool_calls": 1,
+        "tool_call_valid": True,
+        "tool_call_tokens": 10,
+        "prompt_n": 420,
+        "cache_n": 0,
+        "prompt_tokens": 420,
     }
     base.update(fields)
     return rec(i, Kind.TOOL, **base)
@@ -61,8 +78,14 @@ def tool_call(i: int, total: float, **fields: Any) -> Record:
 
 def log_line(record: Record) -> bytes:
     """The proxy's log line for a record: the record's fields flat at the top level."""
-    return orjson.dumps({"event": "request_completed", "level": "info",
-                         "timestamp": "2026-10-04T10:00:00Z", **record.to_dict()})
+    return orjson.dumps(
+        {
+            "event": "request_completed",
+            "level": "info",
+            "timestamp": "2026-10-04T10:00:00Z",
+            **record.to_dict(),
+        }
+    )
 
 
 def write_log(path: Path, records: Sequence[Record], extra: Sequence[bytes] = ()) -> str:
@@ -164,7 +187,10 @@ class TestBuildReport:
         records = [tool_call(i, t, decode_ms=t - 796.0) for i, t in enumerate(SEED_TOOL_TOTALS)]
         report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
         assert report["kinds"]["tool"]["split"] == {
-            "prefill_ms": 796.0, "decode_ms": 1265.0, "prefill_pct": 38.6, "decode_pct": 61.4,
+            "prefill_ms": 796.0,
+            "decode_ms": 1265.0,
+            "prefill_pct": 38.6,
+            "decode_pct": 61.4,
         }
         assert "prefill 796 ms (39 %) + decode 1,265 ms (61 %)" in render_text(report)
 
@@ -199,12 +225,36 @@ class TestBuildReport:
         """Schema tokens, paid/saved ms and the cache hit ratio (sum cache_n / sum prompt)."""
         common = {"schema_tokens": 103, "schema_tokens_source": "server"}
         records = [
-            tool_call(0, 2000.0, schema_prefill_ms=658.0, schema_saved_ms=0.0,
-                      schema_cached=False, cache_n=0, prompt_tokens=420, **common),
-            tool_call(1, 1400.0, schema_prefill_ms=0.0, schema_saved_ms=658.0,
-                      schema_cached=True, cache_n=300, prompt_tokens=420, **common),
-            tool_call(2, 1400.0, schema_prefill_ms=0.0, schema_saved_ms=658.0,
-                      schema_cached=True, cache_n=300, prompt_tokens=420, **common),
+            tool_call(
+                0,
+                2000.0,
+                schema_prefill_ms=658.0,
+                schema_saved_ms=0.0,
+                schema_cached=False,
+                cache_n=0,
+                prompt_tokens=420,
+                **common,
+            ),
+            tool_call(
+                1,
+                1400.0,
+                schema_prefill_ms=0.0,
+                schema_saved_ms=658.0,
+                schema_cached=True,
+                cache_n=300,
+                prompt_tokens=420,
+                **common,
+            ),
+            tool_call(
+                2,
+                1400.0,
+                schema_prefill_ms=0.0,
+                schema_saved_ms=658.0,
+                schema_cached=True,
+                cache_n=300,
+                prompt_tokens=420,
+                **common,
+            ),
         ]
         tool = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))["kinds"]["tool"]
         assert tool["schema"]["tokens"]["p50"] == 103
@@ -299,8 +349,14 @@ class TestRenderText:
     def test_fixed_width_rows(self, tmp_path: Path) -> None:
         """The percentile rows are aligned: each number ends in the same column."""
         text = render_text(build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)])))
-        rows = [line for line in text.splitlines() if line.startswith("  ") and " ms " in line
-                and line.rstrip()[-1].isdigit() and "split" not in line]
+        rows = [
+            line
+            for line in text.splitlines()
+            if line.startswith("  ")
+            and " ms " in line
+            and line.rstrip()[-1].isdigit()
+            and "split" not in line
+        ]
         assert len({len(row.rstrip()) for row in rows}) == 1
 
     def test_roofline_hint(self, tmp_path: Path) -> None:
@@ -335,8 +391,9 @@ class TestRunReport:
 
     def test_text_output(self, three_runs: list[str]) -> None:
         """Without --json the text table is returned."""
-        out = run_report(three_runs, json_out=False, kind="tool", plot=None, board=ORIN,
-                         meta=SEED_META)
+        out = run_report(
+            three_runs, json_out=False, kind="tool", plot=None, board=ORIN, meta=SEED_META
+        )
         assert out.startswith("timing-proxy report: 3 runs")
         assert "(kind tool)" in out
 
@@ -349,20 +406,29 @@ class TestRunReport:
     def test_plot_writes_png(self, three_runs: list[str], tmp_path: Path) -> None:
         """--plot draws the clock of the median calls to a PNG."""
         png = tmp_path / "clock.png"
-        out = run_report(three_runs, json_out=False, kind=None, plot=str(png), board=None,
-                         meta=None)
+        out = run_report(
+            three_runs, json_out=False, kind=None, plot=str(png), board=None, meta=None
+        )
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert str(png) in out
 
     @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
     def test_plot_from_records(self, tmp_path: Path) -> None:
         """plot_clock also takes records, and draws chat and tool calls."""
-        from proxy.plot import plot_clock
+        from proxy.commands.plot import plot_clock
 
         records = [
             *(tool_call(i, t, tool_call_ms=t - 30) for i, t in enumerate(SEED_TOOL_TOTALS)),
-            rec(9, Kind.CHAT, ttft_ms=186.0, prefill_ms=162.0, decode_ms=2300.0, e2e_ms=2500.0,
-                predicted_n=25, decode_tok_s=10.4),
+            rec(
+                9,
+                Kind.CHAT,
+                ttft_ms=186.0,
+                prefill_ms=162.0,
+                decode_ms=2300.0,
+                e2e_ms=2500.0,
+                predicted_n=25,
+                decode_tok_s=10.4,
+            ),
         ]
         png = tmp_path / "clock.png"
         plot_clock(records, str(png))
@@ -371,7 +437,7 @@ class TestRunReport:
     @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
     def test_plot_nothing(self, tmp_path: Path) -> None:
         """With no completed call there is nothing to draw: a ReportError."""
-        from proxy.plot import plot_clock
+        from proxy.commands.plot import plot_clock
 
         with pytest.raises(ReportError, match="nothing to plot"):
             plot_clock([], str(tmp_path / "x.png"))
@@ -382,8 +448,14 @@ class TestRunReport:
         """Without matplotlib, --plot fails with the pip command for the plot extra."""
         monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
         with pytest.raises(ReportError, match=r"timing-proxy\[plot\]"):
-            run_report(three_runs, json_out=False, kind=None, plot=str(tmp_path / "x.png"),
-                       board=None, meta=None)
+            run_report(
+                three_runs,
+                json_out=False,
+                kind=None,
+                plot=str(tmp_path / "x.png"),
+                board=None,
+                meta=None,
+            )
 
 
 class _Models(BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""Tests for proxy.request: what the proxy reads of a request body."""
+"""Tests for proxy.core.request: what the proxy reads of a request body."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.record import Kind
-from proxy.request import RequestFacts, analyse_request
+from proxy.core.record import Kind
+from proxy.core.request import RequestFacts, analyse_request
 from tests.fakes import RECORDINGS_DIR, load_recording
 
 CHAT = "/v1/chat/completions"

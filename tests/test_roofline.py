@@ -1,4 +1,4 @@
-"""Tests for proxy.roofline: the arithmetic against the seed's own figures, and the lines."""
+"""Tests for proxy.core.roofline: the arithmetic against the seed's own figures, and the lines."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from proxy.config import BOARD_PRESETS, BoardConfig
-from proxy.record import Kind, Record
-from proxy.roofline import (
+from proxy.core.record import Kind, Record
+from proxy.core.roofline import (
     Board,
     Medians,
     ModelMeta,
@@ -38,8 +38,14 @@ def models_json(**meta: Any) -> dict[str, Any]:
     return {
         "object": "list",
         "models": [{"name": "m", "model": "m"}],
-        "data": [{"id": "qwen3-4b.gguf", "object": "model", "owned_by": "llamacpp",
-                  "meta": {"vocab_type": 2, "n_vocab": 151936, "n_ctx": 4096, **meta}}],
+        "data": [
+            {
+                "id": "qwen3-4b.gguf",
+                "object": "model",
+                "owned_by": "llamacpp",
+                "meta": {"vocab_type": 2, "n_vocab": 151936, "n_ctx": 4096, **meta},
+            }
+        ],
     }
 
 
@@ -179,8 +185,9 @@ class TestBoard:
 
 def rec(**fields: Any) -> Record:
     """A tool record with the given fields."""
-    return Record(id="r", ts="t", method="POST", path="/v1/chat/completions", kind=Kind.TOOL,
-                  **fields)
+    return Record(
+        id="r", ts="t", method="POST", path="/v1/chat/completions", kind=Kind.TOOL, **fields
+    )
 
 
 class TestRecordRoofline:
@@ -231,9 +238,19 @@ class TestSummaryAndLines:
     def test_lines_seed(self) -> None:
         """The lines give the seed's figures: 2.45 GB, 26.2 GB/s, 36.0 ms, 2.6x, 24.5 GB."""
         text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, SEED_MEDIANS))
-        for figure in ("2.45 GB", "1 / 10.7 tok/s = 93.5 ms", "26.2 GB/s", "36.0 ms per token",
-                       "27.8 tok/s", "2.6x the floor", "18.4 FLOP per byte", "3.3 FLOP per byte",
-                       "<< ridge 18.4: memory side", "24.5 GB of DRAM", "0.61 GB per character"):
+        for figure in (
+            "2.45 GB",
+            "1 / 10.7 tok/s = 93.5 ms",
+            "26.2 GB/s",
+            "36.0 ms per token",
+            "27.8 tok/s",
+            "2.6x the floor",
+            "18.4 FLOP per byte",
+            "3.3 FLOP per byte",
+            "<< ridge 18.4: memory side",
+            "24.5 GB of DRAM",
+            "0.61 GB per character",
+        ):
             assert figure in text, figure
 
     def test_lines_label_estimates(self) -> None:

@@ -1,4 +1,4 @@
-"""Tests for proxy.schema: hashes, render keys, counting bodies, the tools region and its cost."""
+"""Tests for proxy.core.schema: hashes, render keys, counting bodies, the tools region, cost."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.schema import (
+from proxy.core.schema import (
     SchemaCost,
     SchemaLayout,
     differing_region,
@@ -104,13 +104,14 @@ class TestSchemaHash:
             pytest.param([READ_FILE], id="tool-removed"),
             pytest.param([READ_FILE, WRITE_FILE, READ_FILE], id="tool-added"),
             pytest.param(
-                [{**READ_FILE, "function": {**READ_FILE["function"], "description": "Read."}},
-                 WRITE_FILE],
+                [
+                    {**READ_FILE, "function": {**READ_FILE["function"], "description": "Read."}},
+                    WRITE_FILE,
+                ],
                 id="description-changed",
             ),
             pytest.param(
-                [{**READ_FILE, "function": {**READ_FILE["function"], "name": "cat"}},
-                 WRITE_FILE],
+                [{**READ_FILE, "function": {**READ_FILE["function"], "name": "cat"}}, WRITE_FILE],
                 id="name-changed",
             ),
         ],
@@ -136,14 +137,19 @@ class TestRenderKey:
             pytest.param(with_(tool_choice="required"), id="tool_choice"),
             pytest.param(without("tool_choice"), id="tool_choice-removed"),
             pytest.param(with_(parallel_tool_calls=True), id="parallel_tool_calls"),
-            pytest.param(with_(chat_template_kwargs={"enable_thinking": False}),
-                         id="chat_template_kwargs"),
+            pytest.param(
+                with_(chat_template_kwargs={"enable_thinking": False}), id="chat_template_kwargs"
+            ),
             pytest.param(messages({**SYSTEM, "content": "Be brief."}, USER), id="system-text"),
             pytest.param(messages(USER), id="system-removed"),
-            pytest.param(messages({"role": "developer", "content": "Be brief."}, SYSTEM, USER),
-                         id="developer-added"),
-            pytest.param(messages(SYSTEM, {"role": "system", "content": "Also: be brief."}, USER),
-                         id="second-leading-system"),
+            pytest.param(
+                messages({"role": "developer", "content": "Be brief."}, SYSTEM, USER),
+                id="developer-added",
+            ),
+            pytest.param(
+                messages(SYSTEM, {"role": "system", "content": "Also: be brief."}, USER),
+                id="second-leading-system",
+            ),
             pytest.param(with_(model="another-model"), id="model"),
         ],
     )
@@ -157,15 +163,22 @@ class TestRenderKey:
     @pytest.mark.parametrize(
         "change",
         [
-            pytest.param(messages(SYSTEM, {**USER, "content": "Show me /etc/passwd."}),
-                         id="user-text"),
             pytest.param(
-                messages(SYSTEM, USER, {"role": "assistant", "content": "Sure."},
-                         {"role": "user", "content": "Thanks."}),
+                messages(SYSTEM, {**USER, "content": "Show me /etc/passwd."}), id="user-text"
+            ),
+            pytest.param(
+                messages(
+                    SYSTEM,
+                    USER,
+                    {"role": "assistant", "content": "Sure."},
+                    {"role": "user", "content": "Thanks."},
+                ),
                 id="later-messages",
             ),
-            pytest.param(messages(SYSTEM, USER, {"role": "system", "content": "Late note."}),
-                         id="system-after-user"),
+            pytest.param(
+                messages(SYSTEM, USER, {"role": "system", "content": "Late note."}),
+                id="system-after-user",
+            ),
             pytest.param(with_(max_tokens=8), id="max_tokens"),
             pytest.param(with_(temperature=1.0), id="temperature"),
             pytest.param(with_(stream=False), id="stream"),
@@ -191,15 +204,22 @@ class TestCountingBodies:
         ("func", "removed"),
         [
             (for_counting, {"stream", "stream_options"}),
-            (strip_tools,
-             {"stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls"}),
+            (
+                strip_tools,
+                {"stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls"},
+            ),
         ],
     )
-    def test_removed_keys(self, func: Callable[[dict[str, Any]], dict[str, Any]],
-                          removed: set[str]) -> None:
+    def test_removed_keys(
+        self, func: Callable[[dict[str, Any]], dict[str, Any]], removed: set[str]
+    ) -> None:
         """Exactly the listed keys are removed; every other key is kept with its value."""
-        body = {**BODY, "parallel_tool_calls": False,
-                "chat_template_kwargs": {"enable_thinking": False}, "response_format": None}
+        body = {
+            **BODY,
+            "parallel_tool_calls": False,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "response_format": None,
+        }
         out = func(body)
         assert set(body) - set(out) == removed
         assert out == {k: v for k, v in body.items() if k not in removed}
@@ -232,9 +252,7 @@ QWEN_TOOLS_BLOCK = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
 QWEN_HEAD = "<|im_start|>system\nYou are a careful coding agent."
-QWEN_TAIL = (
-    "<|im_end|>\n<|im_start|>user\nShow me /etc/hosts.<|im_end|>\n<|im_start|>assistant\n"
-)
+QWEN_TAIL = "<|im_end|>\n<|im_start|>user\nShow me /etc/hosts.<|im_end|>\n<|im_start|>assistant\n"
 
 
 class TestDifferingRegion:
@@ -252,7 +270,9 @@ class TestDifferingRegion:
         """An unambiguous insertion is found exactly: start after the prefix, end after it."""
         with_tools = prefix + insert + suffix
         assert differing_region(with_tools, prefix + suffix) == (
-            len(prefix), len(prefix) + len(insert))
+            len(prefix),
+            len(prefix) + len(insert),
+        )
 
     @pytest.mark.parametrize("text", ["", "a", "<|im_start|>user\nhi<|im_end|>"])
     def test_identical(self, text: str) -> None:
@@ -319,37 +339,47 @@ class TestSchemaCost:
         """103 uncached schema tokens at 6.4 ms per token cost 659.2 ms."""
         cost = schema_cost(TOKENS, LAYOUT, 0, PROMPT_N, PREFILL_MS)
         assert RATE == 6.4
-        assert cost == SchemaCost(cached=False, prefilled_tokens=103.0, prefill_ms=659.2,
-                                  saved_ms=0.0)
+        assert cost == SchemaCost(
+            cached=False, prefilled_tokens=103.0, prefill_ms=659.2, saved_ms=0.0
+        )
 
     @pytest.mark.parametrize(
         ("layout", "cache_n", "ref", "expected"),
         [
-            pytest.param(LAYOUT, 0, None, SchemaCost(False, 103.0, 659.2, 0.0),
-                         id="nothing-cached"),
-            pytest.param(LAYOUT, 5, 5.0, SchemaCost(False, 103.0, 659.2, 0.0),
-                         id="cache-before-block"),
-            pytest.param(LAYOUT, 10, 5.0, SchemaCost(False, 103.0, 659.2, 0.0),
-                         id="cache-up-to-block-start"),
-            pytest.param(LAYOUT, 113, 5.0, SchemaCost(True, 0.0, 0.0, 515.0),
-                         id="cache-exactly-to-block-end"),
-            pytest.param(LAYOUT, 4000, 5.0, SchemaCost(True, 0.0, 0.0, 515.0),
-                         id="cache-beyond-block"),
-            pytest.param(LAYOUT, 113, None, SchemaCost(True, 0.0, 0.0, None),
-                         id="cached-no-reference"),
+            pytest.param(
+                LAYOUT, 0, None, SchemaCost(False, 103.0, 659.2, 0.0), id="nothing-cached"
+            ),
+            pytest.param(
+                LAYOUT, 5, 5.0, SchemaCost(False, 103.0, 659.2, 0.0), id="cache-before-block"
+            ),
+            pytest.param(
+                LAYOUT, 10, 5.0, SchemaCost(False, 103.0, 659.2, 0.0), id="cache-up-to-block-start"
+            ),
+            pytest.param(
+                LAYOUT, 113, 5.0, SchemaCost(True, 0.0, 0.0, 515.0), id="cache-exactly-to-block-end"
+            ),
+            pytest.param(
+                LAYOUT, 4000, 5.0, SchemaCost(True, 0.0, 0.0, 515.0), id="cache-beyond-block"
+            ),
+            pytest.param(
+                LAYOUT, 113, None, SchemaCost(True, 0.0, 0.0, None), id="cached-no-reference"
+            ),
             # 51 of 103 positions cached: 52 prefilled at 6.4 ms, 51 saved at 5 ms
-            pytest.param(LAYOUT, 61, 5.0, SchemaCost(False, 52.0, 332.8, 255.0),
-                         id="partial"),
-            pytest.param(LAYOUT, 61, None, SchemaCost(False, 52.0, 332.8, None),
-                         id="partial-no-reference"),
-            pytest.param(None, 0, None, SchemaCost(False, 103.0, 659.2, 0.0),
-                         id="no-layout-nothing-cached"),
-            pytest.param(None, 1, 5.0, SchemaCost(None, None, None, None),
-                         id="no-layout-something-cached"),
+            pytest.param(LAYOUT, 61, 5.0, SchemaCost(False, 52.0, 332.8, 255.0), id="partial"),
+            pytest.param(
+                LAYOUT, 61, None, SchemaCost(False, 52.0, 332.8, None), id="partial-no-reference"
+            ),
+            pytest.param(
+                None, 0, None, SchemaCost(False, 103.0, 659.2, 0.0), id="no-layout-nothing-cached"
+            ),
+            pytest.param(
+                None, 1, 5.0, SchemaCost(None, None, None, None), id="no-layout-something-cached"
+            ),
         ],
     )
-    def test_table(self, layout: SchemaLayout | None, cache_n: int, ref: float | None,
-                   expected: SchemaCost) -> None:
+    def test_table(
+        self, layout: SchemaLayout | None, cache_n: int, ref: float | None, expected: SchemaCost
+    ) -> None:
         """The uncovered part of the block is paid at prefill_ms/prompt_n, the covered part is
         saved at the reference rate (unknown without one, 0 when nothing was saved)."""
         assert schema_cost(TOKENS, layout, cache_n, PROMPT_N, PREFILL_MS, ref) == expected
@@ -370,11 +400,17 @@ class TestSchemaCost:
         ],
     )
     @pytest.mark.parametrize("layout", [LAYOUT, None])
-    def test_unknown_inputs(self, layout: SchemaLayout | None, cache_n: int | None,
-                            prompt_n: int | None, prefill_ms: float | None) -> None:
+    def test_unknown_inputs(
+        self,
+        layout: SchemaLayout | None,
+        cache_n: int | None,
+        prompt_n: int | None,
+        prefill_ms: float | None,
+    ) -> None:
         """Without the cache reach or the request's prefill rate every field is unknown."""
         assert schema_cost(TOKENS, layout, cache_n, prompt_n, prefill_ms, 5.0) == SchemaCost(
-            None, None, None, None)
+            None, None, None, None
+        )
 
     def test_zero_prefill_time(self) -> None:
         """A measured prefill of 0 ms is a known rate of 0, not an unknown one."""

@@ -1,4 +1,4 @@
-"""Tests for proxy.sse: the incremental WHATWG event-stream framer."""
+"""Tests for proxy.core.sse: the incremental WHATWG event-stream framer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz.checks import oracle
-from proxy.sse import SSEEvent, SSEFramer
+from proxy.core.sse import SSEEvent, SSEFramer
 
 BOM = b"\xef\xbb\xbf"
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")

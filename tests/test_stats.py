@@ -1,4 +1,4 @@
-"""Tests for proxy.stats: percentiles, per-kind summaries and the bounded /stats aggregate."""
+"""Tests for proxy.core.stats: percentiles, per-kind summaries and the bounded /stats aggregate."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.record import Kind, Outcome, Record
-from proxy.stats import SUMMARY_FIELDS, Stats, percentile, summarize, summarize_kind
+from proxy.core.record import Kind, Outcome, Record
+from proxy.core.stats import SUMMARY_FIELDS, Stats, percentile, summarize, summarize_kind
 
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
 
@@ -200,8 +200,15 @@ class TestStats:
         gc.collect()
         before = len(gc.get_objects())
         for i in range(1000):
-            stats.add(rec(i, Kind.TOOL if i % 2 else Kind.CHAT, ttft_ms=float(i),
-                          prefill_ms=None, decode_tok_s=12.5))
+            stats.add(
+                rec(
+                    i,
+                    Kind.TOOL if i % 2 else Kind.CHAT,
+                    ttft_ms=float(i),
+                    prefill_ms=None,
+                    decode_tok_s=12.5,
+                )
+            )
         gc.collect()
         # the 5 recent records and what they hold; not the 1,000 window rows
         assert len(gc.get_objects()) - before < 100
@@ -212,8 +219,16 @@ class TestStats:
         column) and returns exactly what snapshot() returns."""
         stats = Stats(since="s", window=50)
         for i in range(80):
-            stats.add(rec(i, Kind.TOOL if i % 3 else Kind.CHAT, ttft_ms=float(i % 17),
-                          prefill_ms=float(i), cache_n=i, prompt_tokens=2 * i + 1))
+            stats.add(
+                rec(
+                    i,
+                    Kind.TOOL if i % 3 else Kind.CHAT,
+                    ttft_ms=float(i % 17),
+                    prefill_ms=float(i),
+                    cache_n=i,
+                    prompt_tokens=2 * i + 1,
+                )
+            )
         steps = stats.snapshot_steps()
         yields = 0
         while True:

@@ -1,4 +1,4 @@
-"""Tests for proxy.tracker: response chunks and an injected clock in, an Observation out."""
+"""Tests for proxy.core.tracker: response chunks and an injected clock in, an Observation out."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.record import ServerTimings, derive
-from proxy.tracker import Observation, StreamTracker, ToolCall
+from proxy.core.record import ServerTimings, derive
+from proxy.core.tracker import Observation, StreamTracker, ToolCall
 from tests.fakes import DONE, PING, RECORDINGS_DIR, chat_event, load_recording, make_timings
 
 T0 = 0.0  # the request arrival on the fake clock (exact float arithmetic for recorded times)

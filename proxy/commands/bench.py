@@ -22,9 +22,10 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
-from proxy.assemble import tool_calls_valid
-from proxy.record import Kind, Record, ServerTimings, derive
-from proxy.tracker import ToolCall
+from proxy.core.assemble import tool_calls_valid
+from proxy.core.record import Kind, Record, ServerTimings, derive
+from proxy.core.timestamps import iso_utc
+from proxy.core.tracker import ToolCall
 
 __all__ = ["Prompt", "PromptSet", "load_prompts", "run_bench"]
 
@@ -53,8 +54,11 @@ class PromptSet:
 def load_prompts(path: str | None = None) -> PromptSet:
     """Read a prompt set (TOML or JSON); ``None`` is the shipped robot set."""
     if path is None:
-        data = tomllib.loads((resources.files("proxy") / "prompts" / DEFAULT_PROMPTS)
-                             .read_text(encoding="utf-8"))
+        data = tomllib.loads(
+            (resources.files("proxy.commands") / "prompts" / DEFAULT_PROMPTS).read_text(
+                encoding="utf-8"
+            )
+        )
     elif path.endswith(".json"):
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     else:
@@ -66,8 +70,9 @@ def load_prompts(path: str | None = None) -> PromptSet:
         missing = [n for n in p.get("tools", []) if n not in tools]
         if missing:
             raise ValueError(f"prompt {p['name']!r} names unknown tools {missing}")
-        prompts.append(Prompt(p["name"], kind, p["messages"],
-                              [tools[n] for n in p.get("tools", [])]))
+        prompts.append(
+            Prompt(p["name"], kind, p["messages"], [tools[n] for n in p.get("tools", [])])
+        )
     return PromptSet(prompts, data.get("options", {}), data.get("tool_options", {}))
 
 
@@ -83,8 +88,12 @@ class _Seen:
 
 
 def _call(client: Any, model: str, prompt: Prompt, prompts: PromptSet) -> _Seen:
-    kwargs: dict[str, Any] = {"model": model, "messages": prompt.messages, "stream": True,
-                              **prompts.options}
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": prompt.messages,
+        "stream": True,
+        **prompts.options,
+    }
     if prompt.tools:
         kwargs.update(prompts.tool_options)
         kwargs["tools"] = prompt.tools
@@ -120,21 +129,30 @@ def _direct_record(prompt: Prompt, seen: _Seen) -> dict[str, Any]:
     ttft = round(seen.ttft_ms, 3) if seen.ttft_ms is not None else None
     derived = derive(ServerTimings.from_json(seen.timings), ttft)
     record = Record(
-        id=f"direct-{time.time_ns():x}", ts=_now(), method="POST",
-        path="/v1/chat/completions", model=seen.model, stream=True, kind=prompt.kind,
-        status=200, ttft_ms=ttft,
+        id=f"direct-{time.time_ns():x}",
+        ts=iso_utc(),
+        method="POST",
+        path="/v1/chat/completions",
+        model=seen.model,
+        stream=True,
+        kind=prompt.kind,
+        status=200,
+        ttft_ms=ttft,
         e2e_ms=round(seen.e2e_ms, 3) if seen.e2e_ms is not None else None,
-        tool_calls=len(calls), tool_call_valid=tool_calls_valid(calls, names),
+        tool_calls=len(calls),
+        tool_call_valid=tool_calls_valid(calls, names),
         finish_reason=seen.finish_reason,
-        tool_call_tokens=derived["predicted_n"] if calls and seen.finish_reason == "tool_calls"
+        tool_call_tokens=derived["predicted_n"]
+        if calls and seen.finish_reason == "tool_calls"
         else None,
         **derived,
     )
     return record.to_dict()
 
 
-def _fetch_record(proxy: str, request_id: str, token: str | None, within: float = 30.0
-                  ) -> dict[str, Any]:
+def _fetch_record(
+    proxy: str, request_id: str, token: str | None, within: float = 30.0
+) -> dict[str, Any]:
     """The proxy's record of one request (tool records wait for the accounting)."""
     deadline = time.monotonic() + within
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -148,10 +166,6 @@ def _fetch_record(proxy: str, request_id: str, token: str | None, within: float 
             if exc.code != 404 or time.monotonic() > deadline:
                 raise
         time.sleep(0.05)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _progress(out: IO[str]) -> Callable[[int, int, str], None]:
@@ -184,8 +198,9 @@ def run_bench(
     from openai import OpenAI
 
     pset = prompts or load_prompts()
-    client = OpenAI(base_url=target.rstrip("/") + "/v1", api_key=token or "none",
-                    max_retries=0, timeout=600)
+    client = OpenAI(
+        base_url=target.rstrip("/") + "/v1", api_key=token or "none", max_retries=0, timeout=600
+    )
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -206,8 +221,9 @@ def run_bench(
     return files
 
 
-def _run_once(client: Any, target: str, pset: PromptSet, direct: bool, model: str,
-              token: str | None) -> Iterator[tuple[Prompt, dict[str, Any]]]:
+def _run_once(
+    client: Any, target: str, pset: PromptSet, direct: bool, model: str, token: str | None
+) -> Iterator[tuple[Prompt, dict[str, Any]]]:
     for prompt in pset.prompts:
         seen = _call(client, model, prompt, pset)
         if direct or seen.request_id is None:

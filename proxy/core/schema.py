@@ -1,4 +1,4 @@
-"""Tool-schema accounting arithmetic. Pure: the look-ups live in :mod:`proxy.accounting`.
+"""Tool-schema accounting arithmetic. Pure: the look-ups live in :mod:`proxy.serve.accounting`.
 
 Two hashes:
 
@@ -101,8 +101,10 @@ def differing_region(with_tools: str, without: str) -> tuple[int, int]:
     while start < limit and with_tools[start] == without[start]:
         start += 1
     suffix = 0
-    while (suffix < limit - start
-           and with_tools[len(with_tools) - 1 - suffix] == without[len(without) - 1 - suffix]):
+    while (
+        suffix < limit - start
+        and with_tools[len(with_tools) - 1 - suffix] == without[len(without) - 1 - suffix]
+    ):
         suffix += 1
     return start, len(with_tools) - suffix
 

@@ -2,7 +2,7 @@
 
 For each request it forwards the body bytes unchanged, copies the upstream's status,
 end-to-end headers and body to the agent as they are read (one ``write`` per upstream read,
-no buffering), and hands the same ``bytes`` objects to a :class:`~proxy.tracker.StreamTracker`
+no buffering), and hands the same ``bytes`` objects to a :class:`~proxy.core.tracker.StreamTracker`
 *after* they were written. Disconnects, timeouts and aborts are decided here and become the
 record's ``outcome``. The proxy answers by itself only with OpenAI-shaped errors (413, 502,
 504) and only before any upstream byte reached the agent; after that a failure aborts the
@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -26,13 +25,15 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from proxy.accounting import Accounting, Pending
-from proxy.assemble import Exchange, build_record
-from proxy.deadline import Deadlines
-from proxy.headers import REQUEST_ID_HEADER, request_headers, response_headers
-from proxy.record import Outcome, Record
-from proxy.request import RequestFacts, analyse_request
-from proxy.tracker import Observation, StreamTracker
+from proxy.core.assemble import Exchange, build_record
+from proxy.core.headers import REQUEST_ID_HEADER, request_headers, response_headers
+from proxy.core.record import Outcome, Record
+from proxy.core.request import RequestFacts, analyse_request
+from proxy.core.timestamps import iso_utc
+from proxy.core.tracker import Observation, StreamTracker
+from proxy.serve.accounting import Accounting, Pending
+from proxy.serve.deadline import Deadlines
+from proxy.serve.tasks import spawn
 
 __all__ = ["Relay", "RelaySettings", "error_response"]
 
@@ -58,14 +59,14 @@ class _Abort(Exception):
         self.status = status
 
 
-def error_response(status: int, message: str, code: str, request_id: str | None = None
-                   ) -> web.Response:
+def error_response(
+    status: int, message: str, code: str, request_id: str | None = None
+) -> web.Response:
     """An OpenAI-shaped error: ``{"error": {"message", "type", "code"}}``."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
     headers = {REQUEST_ID_HEADER: request_id} if request_id else None
-    return web.Response(status=status, body=body, content_type="application/json",
-                        headers=headers)
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
 def _timeout(seconds: float) -> Any:
@@ -106,7 +107,7 @@ class Relay:
         self._session = session
         self._stream_session = stream_session or session
         self._accounting = accounting
-        self._completing: set[asyncio.Task[None]] = set()
+        self._completing: set[asyncio.Future[Any]] = set()
         self._settings = settings
         self._base = settings.upstream.rstrip("/")
         self._on_record = on_record
@@ -117,7 +118,7 @@ class Relay:
         """aiohttp handler for every path the proxy does not reserve for itself."""
         flight = _Flight(
             t0=self._clock(),
-            ts=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            ts=iso_utc(),
             id=f"{_ids.getrandbits(64):016x}",
             facts=analyse_request(request.method, request.path, b""),
         )
@@ -135,8 +136,9 @@ class Relay:
                 _abort_client(request)
                 raise
             flight.status = 500
-            return error_response(500, "timing-proxy failed to relay the request",
-                                  Outcome.PROXY_ERROR, flight.id)
+            return error_response(
+                500, "timing-proxy failed to relay the request", Outcome.PROXY_ERROR, flight.id
+            )
         finally:
             self._finish(request, flight)
 
@@ -170,13 +172,21 @@ class Relay:
                     skip_auto_headers=_NO_AUTO_HEADERS,
                 )
         except TimeoutError:
-            return self._refuse(flight, _Abort(
-                Outcome.UPSTREAM_TIMEOUT, 504,
-                f"upstream sent no response headers within {settings.header_timeout_s} s"))
+            return self._refuse(
+                flight,
+                _Abort(
+                    Outcome.UPSTREAM_TIMEOUT,
+                    504,
+                    f"upstream sent no response headers within {settings.header_timeout_s} s",
+                ),
+            )
         except aiohttp.ClientError as exc:
-            return self._refuse(flight, _Abort(
-                Outcome.UPSTREAM_UNREACHABLE, 502,
-                f"upstream unreachable: {type(exc).__name__}"))
+            return self._refuse(
+                flight,
+                _Abort(
+                    Outcome.UPSTREAM_UNREACHABLE, 502, f"upstream unreachable: {type(exc).__name__}"
+                ),
+            )
         try:
             resp = await self._stream(request, upstream, flight)
         except BaseException:
@@ -188,8 +198,9 @@ class Relay:
             upstream.close()
         return resp
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                      flight: _Flight) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, flight: _Flight
+    ) -> web.StreamResponse:
         settings = self._settings
         flight.status = upstream.status
         sse = upstream.content_type == _SSE
@@ -203,31 +214,45 @@ class Relay:
             skip=None if encoding == "identity" else f"content_encoding:{encoding}",
         )
         flight.tracker = tracker
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                  headers=response_headers(upstream.headers.items()))
+        resp = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=response_headers(upstream.headers.items()),
+        )
         resp.headers[REQUEST_ID_HEADER] = flight.id
         if upstream.content_length is not None and request.method != "HEAD":
             resp.content_length = flight.expected_bytes = upstream.content_length
         try:
             await resp.prepare(request)
         except (ValueError, UnicodeEncodeError) as exc:  # aiohttp refuses to write the header
-            return self._refuse(flight, _Abort(
-                Outcome.UPSTREAM_UNREACHABLE, 502,
-                f"upstream sent a header that cannot be relayed: {type(exc).__name__}"))
+            return self._refuse(
+                flight,
+                _Abort(
+                    Outcome.UPSTREAM_UNREACHABLE,
+                    502,
+                    f"upstream sent a header that cannot be relayed: {type(exc).__name__}",
+                ),
+            )
         flight.headers_sent = True
         read = upstream.content.readany
         write = resp.write
         idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
-        deadlines = Deadlines(idle, write_timeout, Outcome.UPSTREAM_IDLE_TIMEOUT,
-                              Outcome.CLIENT_STALLED)
+        deadlines = Deadlines(
+            idle, write_timeout, Outcome.UPSTREAM_IDLE_TIMEOUT, Outcome.CLIENT_STALLED
+        )
         try:
             while True:
                 deadlines.reading()
                 try:
                     chunk = await read()
                 except aiohttp.ClientError as exc:
-                    return self._cut(request, resp, flight,
-                                     Outcome.UPSTREAM_CLOSED_MID_STREAM, type(exc).__name__)
+                    return self._cut(
+                        request,
+                        resp,
+                        flight,
+                        Outcome.UPSTREAM_CLOSED_MID_STREAM,
+                        type(exc).__name__,
+                    )
                 if not chunk:
                     break
                 deadlines.writing()
@@ -247,10 +272,15 @@ class Relay:
             if not deadlines.expired_cancel():
                 raise
             stalled = deadlines.expired is Outcome.CLIENT_STALLED
-            return self._cut(request, resp, flight, Outcome.CLIENT_STALLED if stalled
-                             else Outcome.UPSTREAM_IDLE_TIMEOUT,
-                             f"client read nothing for {write_timeout} s" if stalled
-                             else f"no upstream bytes for {idle} s")
+            return self._cut(
+                request,
+                resp,
+                flight,
+                Outcome.CLIENT_STALLED if stalled else Outcome.UPSTREAM_IDLE_TIMEOUT,
+                f"client read nothing for {write_timeout} s"
+                if stalled
+                else f"no upstream bytes for {idle} s",
+            )
         finally:
             deadlines.stop()
 
@@ -258,8 +288,14 @@ class Relay:
         flight.outcome, flight.status, flight.error = abort.outcome, abort.status, str(abort)
         return error_response(abort.status, str(abort), abort.outcome, flight.id)
 
-    def _cut(self, request: web.Request, resp: web.StreamResponse, flight: _Flight,
-             outcome: Outcome, error: str) -> web.StreamResponse:
+    def _cut(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        flight: _Flight,
+        outcome: Outcome,
+        error: str,
+    ) -> web.StreamResponse:
         """Abort the agent's connection so the truncation shows (no terminating chunk)."""
         flight.outcome, flight.error = outcome, error
         _abort_client(request, hard=outcome is Outcome.CLIENT_STALLED)
@@ -268,16 +304,22 @@ class Relay:
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise _Abort(Outcome.REQUEST_TOO_LARGE, 413,
-                         f"request body of {request.content_length} bytes exceeds the "
-                         f"proxy's limit of {limit} bytes")
+            raise _Abort(
+                Outcome.REQUEST_TOO_LARGE,
+                413,
+                f"request body of {request.content_length} bytes exceeds the "
+                f"proxy's limit of {limit} bytes",
+            )
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.content.iter_any():
             size += len(chunk)
             if size > limit:
-                raise _Abort(Outcome.REQUEST_TOO_LARGE, 413,
-                             f"request body exceeds the proxy's limit of {limit} bytes")
+                raise _Abort(
+                    Outcome.REQUEST_TOO_LARGE,
+                    413,
+                    f"request body exceeds the proxy's limit of {limit} bytes",
+                )
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -300,13 +342,11 @@ class Relay:
         if flight.pending is None or self._accounting is None:
             self._on_record(record, flight.facts, obs)
             return
-        task = asyncio.get_running_loop().create_task(
-            self._complete(self._accounting, record, flight.pending, obs))
-        self._completing.add(task)
-        task.add_done_callback(self._completing.discard)
+        _ = spawn(self._complete(self._accounting, record, flight.pending, obs), self._completing)
 
-    async def _complete(self, accounting: Accounting, record: Record, pending: Pending,
-                        obs: Observation | None) -> None:
+    async def _complete(
+        self, accounting: Accounting, record: Record, pending: Pending, obs: Observation | None
+    ) -> None:
         """Join the accounting to the record, after the agent's response has ended."""
         try:
             record = await accounting.complete(record, pending, obs)

@@ -1,4 +1,4 @@
-"""Assembly of a :class:`~proxy.record.Record` from what was seen of a request. Pure."""
+"""Assembly of a :class:`~proxy.core.record.Record` from what was seen of a request. Pure."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.record import Outcome, Record, derive, ms, ratio
-from proxy.request import RequestFacts
-from proxy.tracker import Observation, ToolCall
+from proxy.core.record import Outcome, Record, derive, ms, ratio
+from proxy.core.request import RequestFacts
+from proxy.core.tracker import Observation, ToolCall
 
 __all__ = ["Exchange", "build_record", "tool_calls_valid"]
 
@@ -57,8 +57,9 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         else None
     )
     derived = derive(o.timings, ttft_ms)
-    tool_tokens = derived["predicted_n"] if o.tool_calls and o.finish_reason == "tool_calls" \
-        else None
+    tool_tokens = (
+        derived["predicted_n"] if o.tool_calls and o.finish_reason == "tool_calls" else None
+    )
     call_span = (
         o.tool_call_s - o.first_event_s
         if o.tool_call_s is not None and o.first_event_s is not None and facts.stream
@@ -90,8 +91,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
         tool_call_tokens=tool_tokens,
         tool_args_chars=sum(len(c.arguments) for c in o.tool_calls) if o.tool_calls else None,
-        tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span
-        else None,
+        tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span else None,
         finish_reason=o.finish_reason,
         events=o.events if counted else None,
         token_events=o.token_events if counted else None,

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from proxy.record import Kind
+from proxy.core.record import Kind
 
 __all__ = ["RequestFacts", "analyse_request"]
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from proxy.record import Outcome, Record
+from proxy.core.record import Outcome, Record
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-from proxy.report import KINDS, ReportError, _median_call, median_record
+from proxy.commands.report import KINDS, ReportError, _median_call, median_record
 
 __all__ = ["PlotUnavailableError", "plot_clock"]
 
@@ -59,7 +59,7 @@ def _fmt(value: float) -> str:
 def plot_clock(source: Mapping[str, Any] | Sequence[Record], path: str) -> None:
     """Draw the clock of the median chat and tool call (by ``e2e_ms``) to the PNG ``path``.
 
-    ``source`` is a :func:`proxy.report.build_report` document or a sequence of records.
+    ``source`` is a :func:`proxy.commands.report.build_report` document or a sequence of records.
     Raises :class:`PlotUnavailableError` without matplotlib and :class:`ReportError` when
     there is no completed call to draw or the file cannot be written.
     """
@@ -107,10 +107,23 @@ def _draw(ax: Axes, kind: str, count: int, call: Mapping[str, Any]) -> None:
         if start > 0:
             ax.broken_barh([(0.0, start)], (y, h), facecolors=_OVERHEAD)
             parts.append(f"overhead {_fmt(start)}")
-        ax.broken_barh([(start, ttft - start)], (y, h), facecolors=_PREFILL, alpha=0.45,
-                       hatch="//", edgecolor=_PREFILL)
-        ax.text(start + (ttft - start) / 2, y + h + 0.08, f"prefill {_fmt(prefill)} ms",
-                ha="center", va="bottom", fontsize=9, color=_PREFILL)
+        ax.broken_barh(
+            [(start, ttft - start)],
+            (y, h),
+            facecolors=_PREFILL,
+            alpha=0.45,
+            hatch="//",
+            edgecolor=_PREFILL,
+        )
+        ax.text(
+            start + (ttft - start) / 2,
+            y + h + 0.08,
+            f"prefill {_fmt(prefill)} ms",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            color=_PREFILL,
+        )
     elif ttft is not None:
         ax.broken_barh([(0.0, ttft)], (y, h), facecolors=_OVERHEAD)
     if prefill is not None:
@@ -122,20 +135,29 @@ def _draw(ax: Axes, kind: str, count: int, call: Mapping[str, Any]) -> None:
             ticks = [ttft + i * step for i in range(tokens)]
             ax.vlines(ticks, y - 0.05, y + h + 0.05, colors=_DECODE, linewidth=1.4, zorder=3)
         label = f"decode {_fmt(decode)} ms" + (f", {tokens} tokens" if tokens else "")
-        ax.text(ttft + decode / 2, y - 0.12, label, ha="center", va="top", fontsize=9,
-                color=_DECODE)
+        ax.text(
+            ttft + decode / 2, y - 0.12, label, ha="center", va="top", fontsize=9, color=_DECODE
+        )
         parts.append(f"decode {_fmt(decode)}")
     if prefill is not None and decode is not None and prefill + decode > 0:
         share = 100.0 * prefill / (prefill + decode)
-        parts[-2:] = [f"prefill {_fmt(prefill)} ({share:.0f} %)",
-                      f"decode {_fmt(decode)} ({100 - share:.0f} %)"]
+        parts[-2:] = [
+            f"prefill {_fmt(prefill)} ({share:.0f} %)",
+            f"decode {_fmt(decode)} ({100 - share:.0f} %)",
+        ]
     if ttft is not None:
         ax.axvline(ttft, color="#333333", linewidth=0.8, linestyle=":", zorder=1)
         ax.text(ttft, y + h + 0.42, f"first token {_fmt(ttft)}", ha="center", fontsize=8)
     if tool_ms is not None:
         ax.axvline(tool_ms, color=_TOOL, linewidth=2)
-        ax.text(tool_ms, y + h + 0.42, f"tool call complete {_fmt(tool_ms)}", ha="right",
-                fontsize=8, color=_TOOL)
+        ax.text(
+            tool_ms,
+            y + h + 0.42,
+            f"tool call complete {_fmt(tool_ms)}",
+            ha="right",
+            fontsize=8,
+            color=_TOOL,
+        )
     ax.axvline(e2e, color="black", linewidth=1)
     ax.text(e2e, y - 0.45, f"end {_fmt(e2e)}", ha="right", fontsize=8)
     rate = call["decode_tok_s"]

@@ -1,7 +1,7 @@
 """The timing tracker: response bytes and an injected clock in, an :class:`Observation` out.
 
 Pure (no I/O). The relay hands it every chunk exactly as it forwarded it; the tracker frames
-SSE with :class:`~proxy.sse.SSEFramer` or, for a plain JSON body, keeps the bytes (bounded)
+SSE with :class:`~proxy.core.sse.SSEFramer` or, for a plain JSON body, keeps the bytes (bounded)
 and reads them at the end. It parses the JSON only of events that matter: the first one
 (for ``model``), and those carrying ``timings``, ``usage``, ``tool_calls``, ``error`` or a
 ``finish_reason``. Token-bearing events are recognised by a byte pattern, since
@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from proxy.record import ServerTimings, valid_count
-from proxy.sse import SSEFramer
+from proxy.core.record import ServerTimings, valid_count
+from proxy.core.sse import SSEFramer
 
 __all__ = ["Clock", "Observation", "StreamTracker", "ToolCall"]
 
@@ -242,8 +242,11 @@ class StreamTracker:
         for choice in _choices(obj):
             message = choice.get("message")
             if isinstance(message, dict) and self._merge_tool_deltas(
-                [{"index": i, **c} for i, c in enumerate(message.get("tool_calls") or [])
-                 if isinstance(c, dict)]
+                [
+                    {"index": i, **c}
+                    for i, c in enumerate(message.get("tool_calls") or [])
+                    if isinstance(c, dict)
+                ]
                 if isinstance(message.get("tool_calls"), list)
                 else None
             ):

@@ -1,6 +1,6 @@
 """``timing-proxy report``: the proxy's own JSON-lines logs read back into a summary.
 
-Each file is one run. The numbers reuse :func:`proxy.stats.summarize_kind`, so ``report
+Each file is one run. The numbers reuse :func:`proxy.core.stats.summarize_kind`, so ``report
 --json`` has the ``kinds`` shape of ``/stats``, with two differences that the output states:
 percentiles are taken over *completed* requests only (the others are counted by outcome),
 and every record of the files counts (``/stats`` keeps a sliding window).
@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 
-from proxy.record import Kind, Outcome, Record
-from proxy.roofline import Board, Medians, ModelMeta, roofline_lines, roofline_summary
-from proxy.stats import SUMMARY_FIELDS, percentile, summarize_kind
+from proxy.core.record import Kind, Outcome, Record
+from proxy.core.roofline import Board, Medians, ModelMeta, roofline_lines, roofline_summary
+from proxy.core.stats import SUMMARY_FIELDS, percentile, summarize_kind
 
 __all__ = [
     "EVENT",
@@ -161,8 +161,11 @@ def _values(records: Iterable[Record], name: str) -> list[float]:
 
 def _q(records: Iterable[Record], name: str) -> dict[str, float | None]:
     values = _values(records, name)
-    return {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
-            "p99": percentile(values, 0.99)}
+    return {
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "p99": percentile(values, 0.99),
+    }
 
 
 def _median(records: Iterable[Record], name: str) -> float | None:
@@ -178,16 +181,29 @@ def median_record(records: Sequence[Record], by: str = "e2e_ms") -> Record | Non
 def _json_chars(record: Record | None) -> float | None:
     """The median tool call's JSON length, when the log carries it (``tool_args_chars``)."""
     value = record.tool_args_chars if record is not None else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _median_call(record: Record | None) -> dict[str, Any] | None:
     if record is None:
         return None
-    keys = ("id", "ts", "model", "e2e_ms", "ttft_ms", "overhead_ms", "prefill_ms", "decode_ms",
-            "prompt_n", "cache_n", "predicted_n", "decode_tok_s", "tool_call_ms",
-            "tool_call_tokens", "tool_call_valid")
+    keys = (
+        "id",
+        "ts",
+        "model",
+        "e2e_ms",
+        "ttft_ms",
+        "overhead_ms",
+        "prefill_ms",
+        "decode_ms",
+        "prompt_n",
+        "cache_n",
+        "predicted_n",
+        "decode_tok_s",
+        "tool_call_ms",
+        "tool_call_tokens",
+        "tool_call_valid",
+    )
     out = {k: getattr(record, k) for k in keys}
     out["tool_args_chars"] = _json_chars(record)
     return out
@@ -199,8 +215,11 @@ def _cache(records: Iterable[Record]) -> dict[str, Any]:
         if r.cache_n is not None and r.prompt_tokens is not None:
             cache_n += r.cache_n
             prompt += r.prompt_tokens
-    return {"cache_n": cache_n, "prompt_tokens": prompt,
-            "hit_ratio": round(cache_n / prompt, 6) if prompt else None}
+    return {
+        "cache_n": cache_n,
+        "prompt_tokens": prompt,
+        "hit_ratio": round(cache_n / prompt, 6) if prompt else None,
+    }
 
 
 def _schema(records: Sequence[Record]) -> dict[str, Any]:
@@ -247,8 +266,12 @@ def _spread(medians: list[float]) -> dict[str, float] | None:
         return None
     lo, hi = min(medians), max(medians)
     centre = percentile(sorted(medians), 0.5) or 0.0
-    return {"min": lo, "max": hi, "ms": round(hi - lo, 3),
-            "pct": round(100.0 * (hi - lo) / centre, 2) if centre else 0.0}
+    return {
+        "min": lo,
+        "max": hi,
+        "ms": round(hi - lo, 3),
+        "pct": round(100.0 * (hi - lo) / centre, 2) if centre else 0.0,
+    }
 
 
 def _per_run(runs: Sequence[Run], kind: str) -> dict[str, Any]:
@@ -258,9 +281,7 @@ def _per_run(runs: Sequence[Run], kind: str) -> dict[str, Any]:
         row: dict[str, Any] = {"name": run.name, "count": len(done)}
         row.update({f: _median(done, f) for f in PER_RUN_FIELDS})
         rows.append(row)
-    spread = {
-        f: _spread([v for row in rows if (v := row[f]) is not None]) for f in PER_RUN_FIELDS
-    }
+    spread = {f: _spread([v for row in rows if (v := row[f]) is not None]) for f in PER_RUN_FIELDS}
     return {"runs": rows, "spread": spread}
 
 
@@ -360,6 +381,7 @@ def _rows() -> list[tuple[str, str, Callable[[float | None], str]]]:
     known = {name for name, _, _ in _ROWS}
     rest = [(n, n, _ms if n.endswith("_ms") else _rate) for n in SUMMARY_FIELDS if n not in known]
     return [*_ROWS, *rest, *_EXTRA_ROWS]
+
 
 _LABEL = 26
 _COL = 10
@@ -464,16 +486,12 @@ def _per_run_lines(kind: str, per_run: Mapping[str, Any]) -> list[str]:
         spread = per_run["spread"][name]
         cells.append("-" if spread is None else fmt(spread["ms"]))
     lines.append(f"  {'spread':<{width}}{'':>6}" + "".join(f"{c:>{_COL + 2}}" for c in cells))
-    main = next(
-        (name for name in ("tool_call_ms", "e2e_ms") if per_run["spread"].get(name)), None
-    )
+    main = next((name for name in ("tool_call_ms", "e2e_ms") if per_run["spread"].get(name)), None)
     if main is not None:
         sp = per_run["spread"][main]
         medians = " / ".join(_ms(row[main]) for row in rows if row[main] is not None)
         lines.append(f"  spread between the runs' {main} medians: {medians} ms")
-        lines.append(
-            f"  max - min = {_ms(sp['ms'])} ms, {sp['pct']:.1f} % of the median run"
-        )
+        lines.append(f"  max - min = {_ms(sp['ms'])} ms, {sp['pct']:.1f} % of the median run")
     return lines
 
 
@@ -558,7 +576,7 @@ def run_report(
         raise ReportError("give at least one log file")
     report = build_report(load_runs(paths), kind=kind, meta=meta, board=board)
     if plot is not None:
-        from proxy.plot import plot_clock
+        from proxy.commands.plot import plot_clock
 
         plot_clock(report, plot)
         report["plot"] = plot

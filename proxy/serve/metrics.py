@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from proxy.record import Record
+from proxy.core.record import Record
 
 __all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics"]
 
@@ -35,10 +35,26 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_MODELS = 16
 
-SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
-           120.0, 300.0, 600.0)
-PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
-             2.5)
+SECONDS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 LABELS = ("model", "kind")
 
@@ -71,50 +87,87 @@ class Metrics:
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r)
 
-        self.ttft = hist("gen_ai_server_time_to_first_token_seconds",
-                         "Wall clock from the request reaching the proxy to the first event "
-                         "carrying content, reasoning or tool-call text (ttft_ms).", SECONDS)
-        self.e2e = hist("gen_ai_server_request_duration_seconds",
-                        "Wall clock from the request reaching the proxy to the last byte "
-                        "forwarded (e2e_ms).", SECONDS)
-        self.tpot = hist("gen_ai_server_time_per_output_token_seconds",
-                         "llama-server's decode time per token after the first "
-                         "(decode_ms / (predicted_n - 1)).", PER_TOKEN)
-        self.prefill = hist("timing_proxy_prefill_seconds",
-                            "llama-server's prompt processing time (timings.prompt_ms).",
-                            SECONDS)
-        self.decode = hist("timing_proxy_decode_seconds",
-                           "llama-server's generation time (timings.predicted_ms).", SECONDS)
-        self.overhead = hist("timing_proxy_overhead_seconds",
-                             "ttft_ms - prefill_ms: queueing, templating, tokenisation and "
-                             "network, the gap between the two clocks (negative gaps count "
-                             "as 0).", SECONDS)
-        self.tool_call = hist("timing_proxy_tool_call_seconds",
-                              "Wall clock from the request to the last tool call's arguments "
-                              "being complete (tool_call_ms).", SECONDS)
-        self.schema_tokens = hist("timing_proxy_schema_tokens",
-                                  "Prompt tokens the tool schemas add (schema_tokens).", TOKENS)
-        self.prompt_tokens = hist("timing_proxy_prompt_tokens",
-                                  "Prompt tokens per request, cached ones included "
-                                  "(prompt_tokens).", TOKENS)
-        self.requests = Counter("timing_proxy_requests",
-                                "Requests by kind, outcome and HTTP status.",
-                                (*LABELS, "outcome", "status"), registry=r)
-        self.prompt_tokens_total = Counter("timing_proxy_prompt_tokens_by_cache",
-                                           "Prompt tokens, by whether the prompt cache "
-                                           "served them (cached=true) or they were prefilled.",
-                                           (*LABELS, "cached"), registry=r)
-        self.schema_seconds = Counter("timing_proxy_schema_prefill_seconds",
-                                      "Prefill time of the tool schemas: paid this request, or "
-                                      "saved by the prompt cache (estimate).",
-                                      ("model", "state"), registry=r)
-        self.prefilled_again = Counter("timing_proxy_schema_prefilled_again",
-                                       "Requests that prefilled a schema seen before (a "
-                                       "busted prompt cache).", ("model",), registry=r)
-        self.upstream_up = Gauge("timing_proxy_upstream_metrics_up",
-                                 "1 when llama-server's own /metrics were merged into this "
-                                 "page, 0 when it did not answer (start it with --metrics).",
-                                 registry=r)
+        self.ttft = hist(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Wall clock from the request reaching the proxy to the first event "
+            "carrying content, reasoning or tool-call text (ttft_ms).",
+            SECONDS,
+        )
+        self.e2e = hist(
+            "gen_ai_server_request_duration_seconds",
+            "Wall clock from the request reaching the proxy to the last byte forwarded (e2e_ms).",
+            SECONDS,
+        )
+        self.tpot = hist(
+            "gen_ai_server_time_per_output_token_seconds",
+            "llama-server's decode time per token after the first (decode_ms / (predicted_n - 1)).",
+            PER_TOKEN,
+        )
+        self.prefill = hist(
+            "timing_proxy_prefill_seconds",
+            "llama-server's prompt processing time (timings.prompt_ms).",
+            SECONDS,
+        )
+        self.decode = hist(
+            "timing_proxy_decode_seconds",
+            "llama-server's generation time (timings.predicted_ms).",
+            SECONDS,
+        )
+        self.overhead = hist(
+            "timing_proxy_overhead_seconds",
+            "ttft_ms - prefill_ms: queueing, templating, tokenisation and "
+            "network, the gap between the two clocks (negative gaps count "
+            "as 0).",
+            SECONDS,
+        )
+        self.tool_call = hist(
+            "timing_proxy_tool_call_seconds",
+            "Wall clock from the request to the last tool call's arguments "
+            "being complete (tool_call_ms).",
+            SECONDS,
+        )
+        self.schema_tokens = hist(
+            "timing_proxy_schema_tokens",
+            "Prompt tokens the tool schemas add (schema_tokens).",
+            TOKENS,
+        )
+        self.prompt_tokens = hist(
+            "timing_proxy_prompt_tokens",
+            "Prompt tokens per request, cached ones included (prompt_tokens).",
+            TOKENS,
+        )
+        self.requests = Counter(
+            "timing_proxy_requests",
+            "Requests by kind, outcome and HTTP status.",
+            (*LABELS, "outcome", "status"),
+            registry=r,
+        )
+        self.prompt_tokens_total = Counter(
+            "timing_proxy_prompt_tokens_by_cache",
+            "Prompt tokens, by whether the prompt cache "
+            "served them (cached=true) or they were prefilled.",
+            (*LABELS, "cached"),
+            registry=r,
+        )
+        self.schema_seconds = Counter(
+            "timing_proxy_schema_prefill_seconds",
+            "Prefill time of the tool schemas: paid this request, or "
+            "saved by the prompt cache (estimate).",
+            ("model", "state"),
+            registry=r,
+        )
+        self.prefilled_again = Counter(
+            "timing_proxy_schema_prefilled_again",
+            "Requests that prefilled a schema seen before (a busted prompt cache).",
+            ("model",),
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "timing_proxy_upstream_metrics_up",
+            "1 when llama-server's own /metrics were merged into this "
+            "page, 0 when it did not answer (start it with --metrics).",
+            registry=r,
+        )
         self._models: set[str] = set()
         self._cache: dict[tuple[str, str], _Children] = {}
 
@@ -133,11 +186,13 @@ class Metrics:
         children = self._cache.get(key)
         if children is None:
             children = self._cache[key] = _Children(
-                ttft=self.ttft.labels(model, kind), e2e=self.e2e.labels(model, kind),
+                ttft=self.ttft.labels(model, kind),
+                e2e=self.e2e.labels(model, kind),
                 prefill=self.prefill.labels(model, kind),
                 decode=self.decode.labels(model, kind),
                 tool_call=self.tool_call.labels(model, kind),
-                overhead=self.overhead.labels(model, kind), tpot=self.tpot.labels(model, kind),
+                overhead=self.overhead.labels(model, kind),
+                tpot=self.tpot.labels(model, kind),
                 prompt_tokens=self.prompt_tokens.labels(model, kind),
                 schema_tokens=self.schema_tokens.labels(model, kind),
                 cached=self.prompt_tokens_total.labels(model, kind, "true"),
@@ -154,9 +209,13 @@ class Metrics:
         kind = str(record.kind)
         c = self._children(model, kind)
         self.requests.labels(model, kind, str(record.outcome), str(record.status or 0)).inc()
-        for hist, value_ms in ((c.ttft, record.ttft_ms), (c.e2e, record.e2e_ms),
-                               (c.prefill, record.prefill_ms), (c.decode, record.decode_ms),
-                               (c.tool_call, record.tool_call_ms)):
+        for hist, value_ms in (
+            (c.ttft, record.ttft_ms),
+            (c.e2e, record.e2e_ms),
+            (c.prefill, record.prefill_ms),
+            (c.decode, record.decode_ms),
+            (c.tool_call, record.tool_call_ms),
+        ):
             if value_ms is not None:
                 hist.observe(value_ms / 1000.0)
         if record.overhead_ms is not None:

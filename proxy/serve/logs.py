@@ -17,8 +17,12 @@ import structlog
 
 __all__ = ["TeeBytesLogger", "configure_logging", "get_logger"]
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class TeeBytesLogger:
@@ -37,8 +41,9 @@ class TeeBytesLogger:
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
-def configure_logging(level: str = "info", file: str | None = None,
-                      stream: IO[bytes] | None = None) -> list[IO[bytes]]:
+def configure_logging(
+    level: str = "info", file: str | None = None, stream: IO[bytes] | None = None
+) -> list[IO[bytes]]:
     """Configure structlog globally; returns the opened sinks (the caller closes files)."""
     sinks: list[IO[bytes]] = [stream if stream is not None else sys.stdout.buffer]
     if file:

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.record import Kind, Record
-from proxy.request import RequestFacts
-from proxy.schema import (
+from proxy.core.record import Kind, Record
+from proxy.core.request import RequestFacts
+from proxy.core.schema import (
     SchemaLayout,
     differing_region,
     for_counting,
@@ -34,7 +34,8 @@ from proxy.schema import (
     schema_hash,
     strip_tools,
 )
-from proxy.tracker import Observation
+from proxy.core.tracker import Observation
+from proxy.serve.tasks import spawn
 
 __all__ = ["Accounting", "Pending", "SchemaInfo", "estimate_tokens"]
 
@@ -137,8 +138,9 @@ class Accounting:
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         assert self._session is not None
-        async with self._session.post(self._base + path, data=orjson.dumps(body),
-                                      headers=self._headers) as resp:
+        async with self._session.post(
+            self._base + path, data=orjson.dumps(body), headers=self._headers
+        ) as resp:
             if resp.status in (404, 405, 501):
                 raise _Unsupported(f"{path}: {resp.status}")
             resp.raise_for_status()
@@ -148,8 +150,9 @@ class Accounting:
         return int((await self._post("/v1/chat/completions/input_tokens", body))["input_tokens"])
 
     async def _tokens(self, text: str, add_special: bool) -> int:
-        got = await self._post("/tokenize", {"content": text, "add_special": add_special,
-                                             "parse_special": True})
+        got = await self._post(
+            "/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
+        )
         return len(got["tokens"])
 
     async def _schema(self, body: dict[str, Any], tools: list[Any]) -> SchemaInfo:
@@ -157,27 +160,31 @@ class Accounting:
         counted = for_counting(body)
         bare = strip_tools(counted)
         try:
-            full, without = await asyncio.gather(self._input_tokens(counted),
-                                                 self._input_tokens(bare))
+            full, without = await asyncio.gather(
+                self._input_tokens(counted), self._input_tokens(bare)
+            )
         except _Unsupported:
             text = orjson.dumps(tools).decode()
             tokens = await asyncio.to_thread(estimate_tokens, text)
             return SchemaInfo(name, len(tools), tokens, "estimate")
         layout = None
         try:  # the layout is a refinement: without it the count stands, positions unknown
-            rendered = await asyncio.gather(self._post("/apply-template", counted),
-                                            self._post("/apply-template", bare))
+            rendered = await asyncio.gather(
+                self._post("/apply-template", counted), self._post("/apply-template", bare)
+            )
             a, b = str(rendered[0]["prompt"]), str(rendered[1]["prompt"])
             start_c, end_c = differing_region(a, b)
-            start, end = await asyncio.gather(self._tokens(a[:start_c], True),
-                                              self._tokens(a[:end_c], True))
+            start, end = await asyncio.gather(
+                self._tokens(a[:start_c], True), self._tokens(a[:end_c], True)
+            )
             layout = SchemaLayout(start, end)
         except (_Unsupported, aiohttp.ClientError, TimeoutError, KeyError, ValueError):
             pass
         return SchemaInfo(name, len(tools), full - without, "server", layout)
 
-    async def _per_tool(self, body: dict[str, Any], tools: list[Any], info: SchemaInfo
-                        ) -> dict[str, int]:
+    async def _per_tool(
+        self, body: dict[str, Any], tools: list[Any], info: SchemaInfo
+    ) -> dict[str, int]:
         # tool_choice may name the tool left out: the counts do not depend on it
         counted = {k: v for k, v in for_counting(body).items() if k != "tool_choice"}
         if len(tools) == 1:
@@ -185,9 +192,8 @@ class Accounting:
         full = await self._input_tokens(counted)
         out: dict[str, int] = {}
         for i, tool in enumerate(tools):
-            others = tools[:i] + tools[i + 1:]
-            out[_tool_name(tool, i)] = full - await self._input_tokens({**counted,
-                                                                         "tools": others})
+            others = tools[:i] + tools[i + 1 :]
+            out[_tool_name(tool, i)] = full - await self._input_tokens({**counted, "tools": others})
         return out
 
     def begin(self, facts: RequestFacts) -> Pending | None:
@@ -201,15 +207,16 @@ class Accounting:
         if task is not None and not (task.done() and (task.cancelled() or task.exception())):
             self._cache.move_to_end(key)
         else:
-            task = asyncio.get_running_loop().create_task(self._schema(body, tools))
+            task = spawn(self._schema(body, tools), self._background)
             self._cache[key] = task
             task.add_done_callback(lambda t: self._learn_per_tool(t, body, tools))
             while len(self._cache) > self._max:
                 self._cache.popitem(last=False)
         return Pending(facts=facts, schema=task)
 
-    def _learn_per_tool(self, task: asyncio.Task[SchemaInfo], body: dict[str, Any],
-                        tools: list[Any]) -> None:
+    def _learn_per_tool(
+        self, task: asyncio.Task[SchemaInfo], body: dict[str, Any], tools: list[Any]
+    ) -> None:
         if task.cancelled() or task.exception() is not None:
             return
         info = task.result()
@@ -223,9 +230,7 @@ class Accounting:
                 return
             self.per_tool[info.hash] = per_tool
 
-        task_ = asyncio.ensure_future(run())
-        self._background.add(task_)
-        task_.add_done_callback(self._background.discard)
+        _ = spawn(run(), self._background)
 
     async def _args_tokens(self, obs: Observation) -> tuple[int, str]:
         texts = [c.arguments for c in obs.tool_calls]
@@ -241,12 +246,14 @@ class Accounting:
     def learn_rate(self, record: Record, *_: object) -> None:
         """Record sink: keep the prefill ms per token of the latest large uncached batch
         (at least ``REFERENCE_MIN_TOKENS`` prompt tokens evaluated), to price cached schemas."""
-        if record.prompt_n is not None and record.prompt_n >= REFERENCE_MIN_TOKENS \
-                and record.prefill_ms:
+        if (
+            record.prompt_n is not None
+            and record.prompt_n >= REFERENCE_MIN_TOKENS
+            and record.prefill_ms
+        ):
             self.reference_ms_per_token = record.prefill_ms / record.prompt_n
 
-    async def complete(self, record: Record, pending: Pending, obs: Observation | None
-                       ) -> Record:
+    async def complete(self, record: Record, pending: Pending, obs: Observation | None) -> Record:
         """The record with the schema and tool-call fields filled in (``null`` + reason on
         failure). Waits at most the look-up timeout; the agent's response is already done."""
         fields: dict[str, Any] = {}
@@ -254,8 +261,7 @@ class Accounting:
         if pending.schema is not None:
             try:
                 # three look-up rounds in a row, each bounded by the session's timeout
-                info = await asyncio.wait_for(asyncio.shield(pending.schema),
-                                              3 * self._timeout)
+                info = await asyncio.wait_for(asyncio.shield(pending.schema), 3 * self._timeout)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -280,8 +286,14 @@ class Accounting:
         if totals is None:
             totals = self.schemas[info.hash] = _SchemaTotals(info.tokens, info.tools, info.source)
         seen_before = totals.calls > 0
-        cost = schema_cost(info.tokens, info.layout, record.cache_n, record.prompt_n,
-                           record.prefill_ms, self.reference_ms_per_token)
+        cost = schema_cost(
+            info.tokens,
+            info.layout,
+            record.cache_n,
+            record.prompt_n,
+            record.prefill_ms,
+            self.reference_ms_per_token,
+        )
         fields: dict[str, Any] = {
             "schema_hash": info.hash,
             "schema_tools": info.tools,
@@ -304,9 +316,14 @@ class Accounting:
         if again:
             totals.prefilled_again += 1
             self.prefilled_again += 1
-            self._on_event("schema_prefilled_again", id=record.id, schema_hash=info.hash,
-                           schema_tokens=info.tokens, schema_prefill_ms=cost.prefill_ms,
-                           cache_n=record.cache_n)
+            self._on_event(
+                "schema_prefilled_again",
+                id=record.id,
+                schema_hash=info.hash,
+                schema_tokens=info.tokens,
+                schema_prefill_ms=cost.prefill_ms,
+                cache_n=record.cache_n,
+            )
         return fields
 
     def snapshot(self) -> dict[str, Any]:
@@ -315,9 +332,14 @@ class Accounting:
             "prefilled_again": self.prefilled_again,
             "by_hash": {
                 h: {
-                    "tokens": t.tokens, "tools": t.tools, "source": t.source, "calls": t.calls,
-                    "cached": t.cached, "paid_ms": round(t.paid_ms, 3),
-                    "saved_ms": round(t.saved_ms, 3), "prefilled_again": t.prefilled_again,
+                    "tokens": t.tokens,
+                    "tools": t.tools,
+                    "source": t.source,
+                    "calls": t.calls,
+                    "cached": t.cached,
+                    "paid_ms": round(t.paid_ms, 3),
+                    "saved_ms": round(t.saved_ms, 3),
+                    "prefilled_again": t.prefilled_again,
                     "per_tool_tokens": self.per_tool.get(h),
                 }
                 for h, t in self.schemas.items()

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from proxy.config import BOARD_PRESETS, BoardConfig
-from proxy.record import Record
+from proxy.core.boards import BOARD_PRESETS
+from proxy.core.record import Record
 
 __all__ = [
     "UBATCH_DEFAULT",
@@ -89,8 +89,9 @@ class ModelMeta:
         if size is None or n_params is None:
             return None
         name = entry.get("id")
-        return cls(size, n_params, name if isinstance(name, str) and name else None,
-                   "/v1/models meta")
+        return cls(
+            size, n_params, name if isinstance(name, str) and name else None, "/v1/models meta"
+        )
 
     @property
     def bits_per_weight(self) -> float:
@@ -103,6 +104,17 @@ class ModelMeta:
         return self.size_bytes / self.n_params
 
 
+class BoardSettings(Protocol):
+    """What ``[board]`` in ``config.toml`` holds (``proxy.config.BoardConfig`` is one)."""
+
+    @property
+    def preset(self) -> str | None: ...
+    @property
+    def memory_bandwidth_gbs(self) -> float: ...
+    @property
+    def peak_tflops(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Board:
     """The board's spec figures; ``None`` is unknown."""
@@ -112,7 +124,7 @@ class Board:
     name: str | None = None
 
     @classmethod
-    def from_config(cls, config: BoardConfig) -> Board:
+    def from_config(cls, config: BoardSettings) -> Board:
         """The ``[board]`` section as a Board: 0 means unknown; a preset fills what is 0."""
         bandwidth, tflops = config.memory_bandwidth_gbs, config.peak_tflops
         if config.preset is not None and config.preset in BOARD_PRESETS:

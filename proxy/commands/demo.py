@@ -7,7 +7,6 @@ everything running with the URLs printed until Ctrl-C.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from proxy.commands.ports import port_or_free
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -30,16 +31,6 @@ class DemoOptions:
     llama_port: int = 8080
     out_dir: str = "demo-logs"
     wait: bool = True
-
-
-def _port_or_free(port: int) -> int:
-    """``port`` if it is free on loopback, else (or for 0) a free one."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -58,9 +49,14 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
 
 def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
     """Run the demo; returns the exit code."""
-    from proxy.bench import run_bench
-    from proxy.provision import LlamaServer, chat_template_path, ensure_llama_server, ensure_model
-    from proxy.report import ReportError, fetch_model_meta, run_report
+    from proxy.commands.bench import run_bench
+    from proxy.commands.provision import (
+        LlamaServer,
+        chat_template_path,
+        ensure_llama_server,
+        ensure_model,
+    )
+    from proxy.commands.report import ReportError, fetch_model_meta, run_report
 
     def log(msg: str) -> None:
         say(f"[provision] {msg}")
@@ -71,16 +67,25 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
     template = None if opts.model else chat_template_path(log=log)
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    llama = LlamaServer(binary, model, template, port=_port_or_free(opts.llama_port),
-                        log_dir=out)
+    llama = LlamaServer(binary, model, template, port=port_or_free(opts.llama_port), log_dir=out)
     say(f"starting llama-server on {llama.url} ...")
     llama.start(timeout=180)
-    port = _port_or_free(opts.listen_port)
+    port = port_or_free(opts.listen_port)
     proxy_url = f"http://127.0.0.1:{port}"
     log_file = out / "requests.jsonl"
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}",
-         "--upstream", llama.url, "--log-file", str(log_file)],
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            llama.url,
+            "--log-file",
+            str(log_file),
+        ],
         stdout=subprocess.DEVNULL,
     )
     try:
@@ -91,18 +96,25 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
             meta = fetch_model_meta(llama.url)
         except ReportError:
             meta = None
-        say(run_report([str(f) for f in files], json_out=False, kind=None, plot=None,
-                       board=None, meta=meta))
-        say("\n".join([
-            "",
-            f"  agent base_url   {proxy_url}/v1",
-            f"  dashboard        {proxy_url}/dashboard",
-            f"  stats            {proxy_url}/stats",
-            f"  metrics          {proxy_url}/metrics",
-            f"  llama-server     {llama.url}",
-            f"  request log      {log_file}   (tail -f {log_file} | jq)",
-            f"  bench logs       {', '.join(str(f) for f in files)}",
-        ]))
+        say(
+            run_report(
+                [str(f) for f in files], json_out=False, kind=None, plot=None, board=None, meta=meta
+            )
+        )
+        say(
+            "\n".join(
+                [
+                    "",
+                    f"  agent base_url   {proxy_url}/v1",
+                    f"  dashboard        {proxy_url}/dashboard",
+                    f"  stats            {proxy_url}/stats",
+                    f"  metrics          {proxy_url}/metrics",
+                    f"  llama-server     {llama.url}",
+                    f"  request log      {log_file}   (tail -f {log_file} | jq)",
+                    f"  bench logs       {', '.join(str(f) for f in files)}",
+                ]
+            )
+        )
         if opts.wait:
             say("\nboth servers keep running: press Ctrl-C to stop them.")
             signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))

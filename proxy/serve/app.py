@@ -12,7 +12,6 @@ import gc
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -20,17 +19,19 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.accounting import Accounting
 from proxy.config import Config
-from proxy.logs import get_logger
-from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from proxy.metrics import Metrics
-from proxy.record import Record
-from proxy.relay import Relay, RelaySettings, error_response
-from proxy.request import RequestFacts
-from proxy.roofline import Board, ModelMeta, record_roofline
-from proxy.stats import Stats
-from proxy.tracker import Observation
+from proxy.core.record import Record
+from proxy.core.request import RequestFacts
+from proxy.core.roofline import Board, ModelMeta, record_roofline
+from proxy.core.stats import Stats
+from proxy.core.timestamps import iso_utc
+from proxy.core.tracker import Observation
+from proxy.serve.accounting import Accounting
+from proxy.serve.logs import get_logger
+from proxy.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.serve.metrics import Metrics
+from proxy.serve.relay import Relay, RelaySettings, error_response
+from proxy.serve.tasks import spawn
 
 __all__ = ["RELAY", "SESSION", "STATS", "build_app", "run"]
 
@@ -41,10 +42,6 @@ CONFIG = web.AppKey("config", Config)
 RecordSink = Callable[[Record, RequestFacts, Observation | None], None]
 SINKS = web.AppKey("sinks", list[RecordSink])
 ACCOUNTING: web.AppKey[Accounting | None] = web.AppKey("accounting")
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSession:
@@ -58,8 +55,9 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
     )
     return aiohttp.ClientSession(
         connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=up.connect_timeout_s,
-                                      sock_read=None),
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=up.connect_timeout_s, sock_read=None
+        ),
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
     )
@@ -94,8 +92,9 @@ def auth_middleware(token: str | None) -> Any:
             given = f"Bearer {request.query.get('token', '')}"
         if given is not None and hmac.compare_digest(given.encode(), expected.encode()):
             return await handler(request)
-        return error_response(401, "missing or wrong bearer token for " + request.path,
-                              "unauthorized")
+        return error_response(
+            401, "missing or wrong bearer token for " + request.path, "unauthorized"
+        )
 
     return check
 
@@ -110,13 +109,14 @@ async def _in_steps(steps: Generator[None, None, T]) -> T:
         await asyncio.sleep(0)
 
 
-def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
-              ) -> web.Application:
+def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter) -> web.Application:
     """The proxy application for ``config``."""
-    app = web.Application(handler_args={"max_field_size": 65536},
-                          middlewares=[auth_middleware(config.server.auth_token)])
+    app = web.Application(
+        handler_args={"max_field_size": 65536},
+        middlewares=[auth_middleware(config.server.auth_token)],
+    )
     app[CONFIG] = config
-    stats = Stats(since=_now_iso(), recent=config.stats.recent, window=config.stats.window)
+    stats = Stats(since=iso_utc(), recent=config.stats.recent, window=config.stats.window)
     app[STATS] = stats
     log = get_logger()
 
@@ -143,24 +143,26 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
             now = time.monotonic()
             if now - last_meta_try[0] > 30.0 and SESSION in app:
                 last_meta_try[0] = now
-                task = asyncio.get_running_loop().create_task(fetch_meta(app[SESSION]))
-                background.add(task)
-                task.add_done_callback(background.discard)
+                _ = spawn(fetch_meta(app[SESSION]), background)
             return record
         fields = record_roofline(record, meta, board)
-        return dataclasses.replace(record, decode_gbs=fields["decode_gbs"],
-                                   roof_ratio=fields["roof_ratio"])
+        return dataclasses.replace(
+            record, decode_gbs=fields["decode_gbs"], roof_ratio=fields["roof_ratio"]
+        )
 
     async def fetch_meta(session: aiohttp.ClientSession) -> None:
         try:
-            async with session.get(config.upstream.url + "/v1/models", headers=own_headers,
-                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            async with session.get(
+                config.upstream.url + "/v1/models",
+                headers=own_headers,
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as resp:
                 if resp.status == 200:
                     model_meta[0] = ModelMeta.from_models_json(orjson.loads(await resp.read()))
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             pass
 
-    background: set[asyncio.Task[None]] = set()
+    background: set[asyncio.Future[Any]] = set()
 
     def on_record(record: Record, facts: RequestFacts, obs: Observation | None) -> None:
         if record.decode_tok_s is not None:
@@ -185,15 +187,24 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
         )
         accounting = None
         if config.accounting.enabled:
-            accounting = Accounting(config.upstream.url,
-                                    timeout_s=config.accounting.lookup_timeout_s,
-                                    cache_entries=config.accounting.cache_entries,
-                                    on_event=log.info, api_key=config.upstream.api_key)
+            accounting = Accounting(
+                config.upstream.url,
+                timeout_s=config.accounting.lookup_timeout_s,
+                cache_entries=config.accounting.cache_entries,
+                on_event=log.info,
+                api_key=config.upstream.api_key,
+            )
             await accounting.start()
             sinks.insert(0, accounting.learn_rate)
         app[ACCOUNTING] = accounting
-        relay = app[RELAY] = Relay(session, settings, on_record, clock=clock,
-                                   accounting=accounting, stream_session=stream_session)
+        relay = app[RELAY] = Relay(
+            session,
+            settings,
+            on_record,
+            clock=clock,
+            accounting=accounting,
+            stream_session=stream_session,
+        )
         yield
         await relay.drain()
         if accounting is not None:
@@ -233,25 +244,31 @@ def build_app(config: Config, *, clock: Callable[[], float] = time.perf_counter
     async def handle_relay(request: web.Request) -> web.StreamResponse:
         return await request.app[RELAY].handle(request)
 
-    dashboard = (resources.files("proxy") / "static" / "dashboard.html").read_bytes()
+    dashboard = (resources.files("proxy.serve") / "static" / "dashboard.html").read_bytes()
 
     async def handle_dashboard(request: web.Request) -> web.Response:
-        return web.Response(body=dashboard, content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})
+        return web.Response(
+            body=dashboard,
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def handle_metrics(request: web.Request) -> web.Response:
         upstream: bytes | None = None
         try:
-            async with request.app[SESSION].get(config.upstream.url + "/metrics",
-                                                headers=own_headers,
-                                                timeout=aiohttp.ClientTimeout(total=2.0)
-                                                ) as resp:
+            async with request.app[SESSION].get(
+                config.upstream.url + "/metrics",
+                headers=own_headers,
+                timeout=aiohttp.ClientTimeout(total=2.0),
+            ) as resp:
                 if resp.status == 200:
                     upstream = await resp.read()
         except (aiohttp.ClientError, TimeoutError):
             pass
-        return web.Response(body=metrics.render(upstream),
-                            headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return web.Response(
+            body=metrics.render(upstream), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
 
     async def handle_record(request: web.Request) -> web.Response:
         record = stats.find(request.match_info["id"])
@@ -273,8 +290,11 @@ def run(config: Config) -> None:
     app = build_app(config)
 
     async def started(app: web.Application) -> None:
-        log.info("proxy_started", listen=f"{config.server.host}:{config.server.port}",
-                 upstream=config.upstream.url)
+        log.info(
+            "proxy_started",
+            listen=f"{config.server.host}:{config.server.port}",
+            upstream=config.upstream.url,
+        )
         # Everything alive now (modules, the app) lives as long as the process: out of the
         # collector's generations, full collections stop walking it (bench/README.md).
         gc.collect()

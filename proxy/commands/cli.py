@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy import __version__
+from proxy.commands.report import ReportError
 from proxy.config import ConfigError, load_config, parse_listen
-from proxy.report import ReportError
 
 __all__ = ["main"]
 
@@ -42,10 +42,16 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--params", type=int, help="model parameters")
 
     bench = sub.add_parser("bench", help="send a prompt set N times, one log per run")
-    bench.add_argument("--proxy", default="http://127.0.0.1:8081",
-                       help="the proxy to send through (default http://127.0.0.1:8081)")
-    bench.add_argument("--direct", metavar="UPSTREAM",
-                       help="send straight to this llama-server instead, for comparison")
+    bench.add_argument(
+        "--proxy",
+        default="http://127.0.0.1:8081",
+        help="the proxy to send through (default http://127.0.0.1:8081)",
+    )
+    bench.add_argument(
+        "--direct",
+        metavar="UPSTREAM",
+        help="send straight to this llama-server instead, for comparison",
+    )
     bench.add_argument("--prompts", help="prompt set, TOML or JSON (default: the robot set)")
     bench.add_argument("--runs", type=int, default=3, help="how many runs (default 3)")
     bench.add_argument("--out", default="bench-logs", help="folder for the run logs")
@@ -58,16 +64,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="your own GGUF model")
     demo.add_argument("--runs", type=int, default=1, help="bench runs (default 1)")
     demo.add_argument("--port", type=int, default=8081, help="proxy port (default 8081)")
-    demo.add_argument("--llama-port", type=int, default=8080,
-                      help="llama-server port (default 8080)")
+    demo.add_argument(
+        "--llama-port", type=int, default=8080, help="llama-server port (default 8080)"
+    )
     demo.add_argument("--out", default="demo-logs", help="folder for logs")
     demo.add_argument("--no-wait", action="store_true", help="stop after the report")
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.app import run
-    from proxy.logs import configure_logging
+    from proxy.serve.app import run
+    from proxy.serve.logs import configure_logging
 
     overrides: dict[str, dict[str, object]] = {"server": {}, "upstream": {}, "log": {}}
     if args.listen:
@@ -87,57 +94,83 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _board_and_meta(args: argparse.Namespace) -> tuple[Any, Any]:
     from proxy.config import BoardConfig
-    from proxy.roofline import Board, ModelMeta
+    from proxy.core.roofline import Board, ModelMeta
 
     board_cfg = load_config(args.config).board if args.config else BoardConfig()
     if args.board or args.bandwidth_gbs or args.peak_tflops:
-        board_cfg = load_config(None, {"board": {
-            "preset": args.board or board_cfg.preset,
-            "memory_bandwidth_gbs": args.bandwidth_gbs or board_cfg.memory_bandwidth_gbs,
-            "peak_tflops": args.peak_tflops or board_cfg.peak_tflops}}).board
+        board_cfg = load_config(
+            None,
+            {
+                "board": {
+                    "preset": args.board or board_cfg.preset,
+                    "memory_bandwidth_gbs": args.bandwidth_gbs or board_cfg.memory_bandwidth_gbs,
+                    "peak_tflops": args.peak_tflops or board_cfg.peak_tflops,
+                }
+            },
+        ).board
     board = Board.from_config(board_cfg)
     meta = None
     if args.model_size and args.params:
         meta = ModelMeta(size_bytes=args.model_size, n_params=args.params, name=None)
     elif args.upstream:
-        from proxy.report import fetch_model_meta
+        from proxy.commands.report import fetch_model_meta
 
         meta = fetch_model_meta(args.upstream)
     return board, meta
 
 
 def _report(args: argparse.Namespace) -> int:
-    from proxy.report import run_report
+    from proxy.commands.report import run_report
 
     board, meta = _board_and_meta(args)
-    print(run_report(args.logs, json_out=args.json, kind=args.kind, plot=args.plot,
-                     board=board, meta=meta), end="")
+    print(
+        run_report(
+            args.logs, json_out=args.json, kind=args.kind, plot=args.plot, board=board, meta=meta
+        ),
+        end="",
+    )
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from proxy.bench import load_prompts, run_bench
+    from proxy.commands.bench import load_prompts, run_bench
 
-    files = run_bench(args.direct or args.proxy, direct=bool(args.direct),
-                      prompts=load_prompts(args.prompts), runs=args.runs, out_dir=args.out,
-                      model=args.model, token=args.token)
+    files = run_bench(
+        args.direct or args.proxy,
+        direct=bool(args.direct),
+        prompts=load_prompts(args.prompts),
+        runs=args.runs,
+        out_dir=args.out,
+        model=args.model,
+        token=args.token,
+    )
     for f in files:
         print(f)
     if args.report:
-        from proxy.report import run_report
+        from proxy.commands.report import run_report
 
-        print(run_report([str(f) for f in files], json_out=False, kind=None, plot=None,
-                         board=None, meta=None))
+        print(
+            run_report(
+                [str(f) for f in files], json_out=False, kind=None, plot=None, board=None, meta=None
+            )
+        )
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from proxy.demo import DemoOptions, run_demo
+    from proxy.commands.demo import DemoOptions, run_demo
 
-    return run_demo(DemoOptions(llama_server=args.llama_server, model=args.model,
-                                runs=args.runs, listen_port=args.port,
-                                llama_port=args.llama_port, out_dir=args.out,
-                                wait=not args.no_wait))
+    return run_demo(
+        DemoOptions(
+            llama_server=args.llama_server,
+            model=args.model,
+            runs=args.runs,
+            listen_port=args.port,
+            llama_port=args.llama_port,
+            out_dir=args.out,
+            wait=not args.no_wait,
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from proxy.record import Kind, Record
+from proxy.core.record import Kind, Record
 
 __all__ = ["SUMMARY_FIELDS", "Stats", "percentile", "summarize", "summarize_kind"]
 
@@ -59,9 +59,13 @@ def summarize_kind(
     The split is taken between the median prefill and the median decode, as the seed's
     "796 ms of prefill and 1,265 ms of decode, 39 and 61 percent".
     """
-    return _summarize_columns(len(records), {
-        name: sorted(v for r in records if (v := getattr(r, name)) is not None)
-        for name in fields})
+    return _summarize_columns(
+        len(records),
+        {
+            name: sorted(v for r in records if (v := getattr(r, name)) is not None)
+            for name in fields
+        },
+    )
 
 
 def _summarize_columns(count: int, columns: dict[str, list[float]]) -> dict[str, Any]:

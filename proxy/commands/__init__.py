@@ -1,0 +1,1 @@
+"""The commands a user runs: ``serve``, ``report``, ``bench``, ``demo`` and provisioning."""

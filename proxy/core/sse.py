@@ -64,45 +64,69 @@ class SSEFramer:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume ``chunk`` and return the events it completes; never raises."""
+        out: list[SSEEvent] = []
+        if (
+            self._head is not None
+            or self._trailing_cr
+            or type(chunk) is not bytes
+            or b"\r" in chunk
+        ):
+            chunk = self._normalise(chunk)
+        if not chunk:
+            return out
+        pos = 0
+        if self._buf or self._discarding:
+            pos = self._close_open_line(chunk)
+            if pos < 0:
+                return out
+        pos = self._scan(chunk, pos, out)
+        if pos < len(chunk):  # an unterminated line remains
+            self._hold(memoryview(chunk)[pos:])
+        self.events += len(out)
+        return out
+
+    def _normalise(self, chunk: bytes) -> bytes:
+        """``chunk`` as bytes with LF line ends, after a leading BOM and a CRLF's LF half."""
         if type(chunk) is not bytes:
             chunk = bytes(chunk)
         if self._head is not None:  # stream start: skip one BOM, even if split
             head = self._head + chunk
             if len(head) < 3 and _BOM.startswith(head):
                 self._head = head
-                return []
+                return b""
             self._head = None
             chunk = head[3:] if head.startswith(_BOM) else head
-        if not chunk:
-            return []
-        if self._trailing_cr:
+        if self._trailing_cr and chunk:
             self._trailing_cr = False
             if chunk[0] == 10:
                 chunk = chunk[1:]
         if b"\r" in chunk:  # normalise to LF; CR/LF never occur inside UTF-8 sequences
             self._trailing_cr = chunk[-1] == 13
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        out: list[SSEEvent] = []
-        pos = 0
+        return chunk
+
+    def _close_open_line(self, chunk: bytes) -> int:
+        """Finish the line the last chunk left open; where the next line starts, or -1 when
+        ``chunk`` holds no line end (then all of it was taken)."""
+        i = chunk.find(b"\n")
+        if i < 0:
+            if not self._discarding:
+                self._hold(chunk)
+            return -1
+        if self._discarding:
+            self._discarding = False
+        else:
+            self._buf += memoryview(chunk)[:i]
+            line = bytes(self._buf)
+            self._buf.clear()
+            self._line(line)
+        return i + 1
+
+    def _scan(self, chunk: bytes, pos: int, out: list[SSEEvent]) -> int:
+        """Dispatch the whole lines of ``chunk`` from ``pos``; where the unterminated rest
+        starts."""
         n = len(chunk)
         cap = self.max_event_bytes
-        if self._buf or self._discarding:  # finish the line left open by the last chunk
-            i = chunk.find(b"\n")
-            if i < 0:
-                if not self._discarding:
-                    self._buf += chunk
-                    if self._size + len(self._buf) > cap:
-                        self._overflow()
-                        self._discarding = True
-                return out
-            if self._discarding:
-                self._discarding = False
-            else:
-                self._buf += memoryview(chunk)[:i]
-                line = bytes(self._buf)
-                self._buf.clear()
-                self._line(line)
-            pos = i + 1
         find = chunk.find
         startswith = chunk.startswith
         while pos < n:
@@ -124,16 +148,17 @@ class SSEFramer:
             else:
                 self._line(chunk[pos:i])
                 pos = i + 1
-        if pos < n:  # an unterminated line remains
-            if self._skipping:
-                self._discarding = True
-            else:
-                self._buf += memoryview(chunk)[pos:]
-                if self._size + len(self._buf) > cap:
-                    self._overflow()
-                    self._discarding = True
-        self.events += len(out)
-        return out
+        return pos
+
+    def _hold(self, rest: bytes | memoryview) -> None:
+        """Keep the start of an unterminated line, within the event's byte cap."""
+        if self._skipping:
+            self._discarding = True
+            return
+        self._buf += rest
+        if self._size + len(self._buf) > self.max_event_bytes:
+            self._overflow()
+            self._discarding = True
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: discard any incomplete event (per spec) and flag it."""

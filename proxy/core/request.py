@@ -11,16 +11,16 @@ from typing import Any
 
 import orjson
 
+from proxy.core.dialects import CHAT_COMPLETIONS, Dialect, dialect_for
 from proxy.core.record import Kind
 
 __all__ = ["RequestFacts", "analyse_request"]
 
-_CHAT_SUFFIX = "/chat/completions"
-
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    """The facts of one request body; ``body`` is the parsed object for accounting."""
+    """The facts of one request body; ``body`` is the parsed object for accounting, and
+    ``dialect`` the API whose responses the tracker reads."""
 
     kind: Kind
     model: str | None = None
@@ -28,40 +28,32 @@ class RequestFacts:
     tool_names: frozenset[str] = frozenset()
     body: dict[str, Any] | None = None
     error: str | None = None
+    dialect: Dialect = CHAT_COMPLETIONS
 
 
 def analyse_request(method: str, path: str, body: bytes) -> RequestFacts:
-    """Classify a request: ``tool`` (chat with a non-empty ``tools``), ``chat`` or ``other``."""
-    is_chat = method == "POST" and path.rstrip("/").endswith(_CHAT_SUFFIX)
+    """Classify a request: ``tool`` (a model turn with a non-empty ``tools``), ``chat`` (one
+    without) or ``other``."""
+    dialect = dialect_for(path)
+    turn = dialect.tool_request(method, path)
+    bare = Kind.CHAT if turn else Kind.OTHER
     if method != "POST" or not body:
-        return RequestFacts(kind=Kind.CHAT if is_chat else Kind.OTHER)
+        return RequestFacts(kind=bare, dialect=dialect)
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return RequestFacts(
-            kind=Kind.CHAT if is_chat else Kind.OTHER, error="request_body_not_json"
-        )
+        return RequestFacts(kind=bare, error="request_body_not_json", dialect=dialect)
     if not isinstance(obj, dict):
-        return RequestFacts(
-            kind=Kind.CHAT if is_chat else Kind.OTHER, error="request_body_not_an_object"
-        )
+        return RequestFacts(kind=bare, error="request_body_not_an_object", dialect=dialect)
     model = obj.get("model")
     stream = obj.get("stream")
     tools = obj.get("tools")
-    names: set[str] = set()
-    if isinstance(tools, list):
-        for tool in tools:
-            fn = tool.get("function") if isinstance(tool, dict) else None
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if isinstance(name, str):
-                names.add(name)
-    kind = Kind.OTHER
-    if is_chat:
-        kind = Kind.TOOL if isinstance(tools, list) and tools else Kind.CHAT
+    kind = Kind.TOOL if turn and isinstance(tools, list) and tools else bare
     return RequestFacts(
         kind=kind,
         model=model if isinstance(model, str) else None,
         stream=stream if isinstance(stream, bool) else False,
-        tool_names=frozenset(names),
+        tool_names=dialect.tool_names(tools),
         body=obj,
+        dialect=dialect,
     )

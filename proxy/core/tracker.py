@@ -6,6 +6,8 @@ and reads them at the end. It parses the JSON only of events that matter: the fi
 (for ``model``), and those carrying ``timings``, ``usage``, ``tool_calls``, ``error`` or a
 ``finish_reason``. Token-bearing events are recognised by a byte pattern, since
 llama-server writes compact JSON in which a key cannot occur unescaped inside a string.
+Where those keys sit is the API's :class:`~proxy.core.dialects.Dialect`, chosen once per
+response.
 
 :meth:`StreamTracker.feed` never raises: an exception in the analysis is kept in
 ``analysis_error`` and the analysis stops, while the relay goes on forwarding bytes.
@@ -13,7 +15,6 @@ llama-server writes compact JSON in which a key cannot occur unescaped inside a 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,15 +22,13 @@ from typing import Any
 
 import orjson
 
+from proxy.core.dialects import CHAT_COMPLETIONS, Dialect, ToolDelta
 from proxy.core.record import ServerTimings, valid_count
 from proxy.core.sse import SSEFramer
 
 __all__ = ["Clock", "Observation", "StreamTracker", "ToolCall"]
 
 Clock = Callable[[], float]
-
-_TOKEN = re.compile(rb'"(?:reasoning_content|content|text)": ?"[^"]')
-_INTERESTING = re.compile(rb'"(?:timings|usage|tool_calls|error)"|"finish_reason": ?"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +85,14 @@ class StreamTracker:
         max_event_bytes: int = 8 * 1024 * 1024,
         max_body_bytes: int = 32 * 1024 * 1024,
         skip: str | None = None,
+        dialect: Dialect = CHAT_COMPLETIONS,
     ) -> None:
         """``skip`` names why the body cannot be read (e.g. it is compressed): then only
-        bytes and times are observed, and the counts of events and calls stay unknown."""
+        bytes and times are observed, and the counts of events and calls stay unknown.
+        ``dialect`` is the API whose events these are."""
+        self._dialect = dialect
+        self._carries_token = dialect.token.search
+        self._interesting = dialect.interesting.search
         self._t0 = t0
         self._clock = clock
         self._skip = skip
@@ -152,8 +156,8 @@ class StreamTracker:
         if data == b"[DONE]":
             self._done = True
             return
-        carries_token = _TOKEN.search(data) is not None
-        if self._events == 1 or _INTERESTING.search(data) is not None:
+        carries_token = self._carries_token(data) is not None
+        if self._events == 1 or self._interesting(data) is not None:
             carries_token = self._read_event(data, now) or carries_token
         if carries_token:
             self._token(now)
@@ -173,13 +177,12 @@ class StreamTracker:
         if not isinstance(obj, dict):
             return False
         self._read_object(obj)
-        tool = False
-        for choice in _choices(obj):
-            delta = choice.get("delta")
-            if isinstance(delta, dict) and self._merge_tool_deltas(delta.get("tool_calls")):
-                self._tool_time = now
-                tool = True
-        return tool
+        deltas = self._dialect.stream_tool_deltas(obj)
+        if deltas is None:
+            return False
+        self._merge_tool_deltas(deltas)
+        self._tool_time = now
+        return True
 
     def _read_object(self, obj: dict[str, Any]) -> None:
         model = obj.get("model")
@@ -205,29 +208,16 @@ class StreamTracker:
             self._error = f"{error.get('type', 'error')}:{error.get('code', '')}"
         elif isinstance(error, str):
             self._error = "error"
-        for choice in _choices(obj):
-            reason = choice.get("finish_reason")
-            if isinstance(reason, str):
-                self._finish = reason
+        for reason in self._dialect.finish_reasons(obj):
+            self._finish = reason
 
-    def _merge_tool_deltas(self, deltas: Any) -> bool:
-        if not isinstance(deltas, list) or not deltas:
-            return False
-        for d in deltas:
-            if not isinstance(d, dict):
-                continue
-            idx = d.get("index", 0)
-            key = idx if isinstance(idx, int) and not isinstance(idx, bool) else 0
-            call = self._calls.setdefault(key, _Call())
-            fn = d.get("function")
-            if isinstance(fn, dict):
-                name = fn.get("name")
-                if isinstance(name, str) and name:
-                    call.name = name  # a repeated name is the full new name, not a suffix
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    call.arguments.append(args)
-        return True
+    def _merge_tool_deltas(self, deltas: list[ToolDelta]) -> None:
+        for index, name, args in deltas:
+            call = self._calls.setdefault(index, _Call())
+            if name is not None:
+                call.name = name  # a repeated name is the full new name, not a suffix
+            if args is not None:
+                call.arguments.append(args)
 
     def _read_body(self) -> None:
         if not self._body:
@@ -239,18 +229,10 @@ class StreamTracker:
         if not isinstance(obj, dict):
             return
         self._read_object(obj)
-        for choice in _choices(obj):
-            message = choice.get("message")
-            if isinstance(message, dict) and self._merge_tool_deltas(
-                [
-                    {"index": i, **c}
-                    for i, c in enumerate(message.get("tool_calls") or [])
-                    if isinstance(c, dict)
-                ]
-                if isinstance(message.get("tool_calls"), list)
-                else None
-            ):
-                self._tool_time = self._last_byte
+        calls = self._dialect.body_tool_calls(obj)
+        if calls is not None:
+            self._merge_tool_deltas(calls)
+            self._tool_time = self._last_byte
 
     def finish(self) -> Observation:
         """End of the response (clean or not): what was seen."""
@@ -287,10 +269,3 @@ class StreamTracker:
             done=self._done,
             analysed=self._skip is None,
         )
-
-
-def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    choices = obj.get("choices")
-    if not isinstance(choices, list):
-        return []
-    return [c for c in choices if isinstance(c, dict)]

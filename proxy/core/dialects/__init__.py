@@ -1,0 +1,27 @@
+"""API dialects: what the events and bodies of one agent API look like. Pure.
+
+The relay, the tracker and the request analysis are the same for every API; what differs is
+where a token, a tool call, the usage and the finish reason sit in the JSON. Each API has a
+module here that says so, and :func:`dialect_for` picks one per request, once, from its
+path. Chat Completions (with the legacy and native completion endpoints, whose events share
+its keys) is the one there is today; the Responses API and Anthropic Messages go beside it.
+"""
+
+from __future__ import annotations
+
+from proxy.core.dialects.base import Dialect, ToolDelta
+from proxy.core.dialects.chat import CHAT_COMPLETIONS
+
+__all__ = ["CHAT_COMPLETIONS", "DIALECTS", "Dialect", "ToolDelta", "dialect_for"]
+
+DIALECTS: tuple[Dialect, ...] = (CHAT_COMPLETIONS,)
+"""Every dialect, the first whose ``handles`` accepts a path wins."""
+
+
+def dialect_for(path: str) -> Dialect:
+    """The dialect of a request to ``path`` (Chat Completions when no other claims it: its
+    reading finds nothing in a body of another shape, so unknown paths stay unanalysed)."""
+    for dialect in DIALECTS:
+        if dialect.handles(path):
+            return dialect
+    return CHAT_COMPLETIONS

@@ -1,0 +1,39 @@
+"""What a dialect provides: byte patterns for the hot path and readers for parsed JSON."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Dialect", "ToolDelta"]
+
+ToolDelta = tuple[int, str | None, str | None]
+"""One tool-call fragment: (call index, name or None, argument text or None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """One API's shape, as the tracker and the request analysis need it.
+
+    ``token`` and ``interesting`` are searched in every event's raw bytes (the hot path):
+    an event matching ``token`` carries generated text; only events matching
+    ``interesting`` (and the first) are parsed. The readers take parsed JSON objects.
+    """
+
+    name: str
+    handles: Callable[[str], bool]
+    """Whether a request path belongs to this API."""
+    token: re.Pattern[bytes]
+    interesting: re.Pattern[bytes]
+    finish_reasons: Callable[[dict[str, Any]], list[str]]
+    """The finish reasons an event or body states."""
+    stream_tool_deltas: Callable[[dict[str, Any]], list[ToolDelta] | None]
+    """The tool-call fragments a streamed event carries (None: it carries none)."""
+    body_tool_calls: Callable[[dict[str, Any]], list[ToolDelta] | None]
+    """The tool calls of a whole (non-streamed) response body (None: it has none)."""
+    tool_names: Callable[[Any], frozenset[str]]
+    """The tool names a request's ``tools`` value declares."""
+    tool_request: Callable[[str, str], bool]
+    """Whether a request (method, path) is a model turn that can carry tools."""

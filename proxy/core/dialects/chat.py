@@ -1,0 +1,108 @@
+"""Chat Completions: ``choices[].delta`` in streamed events, ``choices[].message`` in a body.
+
+The legacy ``/v1/completions`` and llama-server's native ``/completion`` stream text under
+``text`` and ``content`` with the same ``choices`` and ``timings`` keys, so this dialect reads
+them too (without tools: only Chat Completions requests are turns that carry tools).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from proxy.core.dialects.base import Dialect, ToolDelta
+
+__all__ = ["CHAT_COMPLETIONS"]
+
+_SUFFIX = "/chat/completions"
+
+
+def _is_chat(path: str) -> bool:
+    return path.rstrip("/").endswith(_SUFFIX)
+
+
+def _tool_request(method: str, path: str) -> bool:
+    return method == "POST" and _is_chat(path)
+
+
+def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c for c in choices if isinstance(c, dict)]
+
+
+def _finish_reasons(obj: dict[str, Any]) -> list[str]:
+    return [r for c in _choices(obj) if isinstance(r := c.get("finish_reason"), str)]
+
+
+def _fragments(deltas: list[Any]) -> list[ToolDelta]:
+    out: list[ToolDelta] = []
+    for d in deltas:
+        if not isinstance(d, dict):
+            continue
+        idx = d.get("index", 0)
+        fn = d.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        out.append(
+            (
+                idx if isinstance(idx, int) and not isinstance(idx, bool) else 0,
+                name if isinstance(name, str) and name else None,
+                args if isinstance(args, str) else None,
+            )
+        )
+    return out
+
+
+def _stream_tool_deltas(obj: dict[str, Any]) -> list[ToolDelta] | None:
+    """``choices[].delta.tool_calls``: a non-empty list is a tool-call event, even when none
+    of its items is readable."""
+    found: list[ToolDelta] | None = None
+    for choice in _choices(obj):
+        delta = choice.get("delta")
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if isinstance(calls, list) and calls:
+            found = (found or []) + _fragments(calls)
+    return found
+
+
+def _body_tool_calls(obj: dict[str, Any]) -> list[ToolDelta] | None:
+    """``choices[].message.tool_calls``; a call's position is its index unless it names one."""
+    found: list[ToolDelta] | None = None
+    for choice in _choices(obj):
+        message = choice.get("message")
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not isinstance(calls, list):
+            continue
+        indexed = [{"index": i, **c} for i, c in enumerate(calls) if isinstance(c, dict)]
+        if indexed:
+            found = (found or []) + _fragments(indexed)
+    return found
+
+
+def _tool_names(tools: Any) -> frozenset[str]:
+    """``tools[].function.name``."""
+    if not isinstance(tools, list):
+        return frozenset()
+    names = set()
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str):
+            names.add(name)
+    return frozenset(names)
+
+
+CHAT_COMPLETIONS = Dialect(
+    name="chat_completions",
+    handles=_is_chat,
+    # llama-server writes compact JSON, in which a key cannot occur unescaped in a string
+    token=re.compile(rb'"(?:reasoning_content|content|text)": ?"[^"]'),
+    interesting=re.compile(rb'"(?:timings|usage|tool_calls|error)"|"finish_reason": ?"'),
+    finish_reasons=_finish_reasons,
+    stream_tool_deltas=_stream_tool_deltas,
+    body_tool_calls=_body_tool_calls,
+    tool_names=_tool_names,
+    tool_request=_tool_request,
+)

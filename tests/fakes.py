@@ -4,9 +4,14 @@
 ``fake.script`` to decide how the next requests are answered: a ``Recording`` (replayed with no
 delays), or one of the script factories below (``replay``, ``sse``, ``die_after``,
 ``hang_before_headers``, ``stall_after``, ``slow_steady``, ``json_response``, ``echo``,
-``firehose``). Every request is logged in ``fake.seen`` together with what happened to its
-connection, so tests can check that the proxy forwarded the request unchanged and that it closed
-the upstream connection when it should.
+``firehose``, ``llama_chat``). Every request is logged in ``fake.seen`` together with what
+happened to its connection, so tests can check that the proxy forwarded the request unchanged and
+that it closed the upstream connection when it should.
+
+``llama_chat`` is also the relay benchmark's upstream (``bench/overhead/upstream.py`` serves
+``FakeUpstream(llama_chat(), keep_seen=False)`` in a process of its own): a fast chat completion
+endpoint writing precomputed llama-shaped events (``LLAMA_ROLE_EVENT``, ``llama_token_event``,
+``llama_final_event``, ``llama_plain_body``), as fast as possible or paced.
 
 Usage with pytest-aiohttp::
 
@@ -43,6 +48,13 @@ SSE_HEADERS: tuple[tuple[str, str], ...] = (
     ("Content-Type", "text/event-stream"),
     ("Server", "llama.cpp"),
     ("X-Accel-Buffering", "no"),
+)
+
+#: The headers llama-server puts on a plain JSON answer (apart from framing and keep-alive).
+JSON_HEADERS: tuple[tuple[str, str], ...] = (
+    ("Access-Control-Allow-Origin", ""),
+    ("Content-Type", "application/json; charset=utf-8"),
+    ("Server", "llama.cpp"),
 )
 
 DONE = b"data: [DONE]\n\n"
@@ -199,10 +211,11 @@ async def _start(
 class FakeUpstream:
     """A fake llama-server: replays recordings, plus awkward shapes, and logs what it saw."""
 
-    def __init__(self) -> None:
-        self.script: Script | Recording = json_response(
-            404, b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
-        )
+    def __init__(self, script: Script | Recording | None = None, *, keep_seen: bool = True) -> None:
+        """``script`` answers every request (default: llama-server's 404). ``keep_seen=False``
+        keeps ``seen`` empty: for a long-running load (the benchmark) that must not grow."""
+        self.script: Script | Recording = script if script is not None else not_found()
+        self.keep_seen = keep_seen
         self.seen: list[SeenRequest] = []
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -217,7 +230,8 @@ class FakeUpstream:
             body=body,
             _request=request,
         )
-        self.seen.append(seen)
+        if self.keep_seen:
+            self.seen.append(seen)
         script = self.script
         if isinstance(script, Recording):
             script = replay(script)
@@ -410,13 +424,7 @@ def slow_steady(n: int, interval: float, done: bool = True) -> Script:
 
 
 def json_response(
-    status: int,
-    body: bytes,
-    headers: Sequence[tuple[str, str]] = (
-        ("Access-Control-Allow-Origin", ""),
-        ("Content-Type", "application/json; charset=utf-8"),
-        ("Server", "llama.cpp"),
-    ),
+    status: int, body: bytes, headers: Sequence[tuple[str, str]] = JSON_HEADERS
 ) -> Script:
     """A plain (Content-Length) response, like llama-server's non-stream answers and errors."""
 
@@ -427,6 +435,13 @@ def json_response(
         return resp
 
     return script
+
+
+def not_found() -> Script:
+    """llama-server's 404 for a path it does not serve (the fake's default script)."""
+    return json_response(
+        404, b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
+    )
 
 
 def echo() -> Script:
@@ -518,3 +533,171 @@ def chat_event(
     if timings is not None:
         obj["timings"] = timings
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+# --------------------------------------------------------------------------------------------
+# A fast llama-server chat endpoint (the relay benchmark's upstream, and a script for tests)
+#
+# The events are precomputed bytes (compact JSON, key order of llama-server's chat completion
+# chunks) so that the fake can write them as fast as a relay can read them.
+
+_LLAMA_ID = b"chatcmpl-A02QtP5EbemMQDC05JRPzJTCrKUnGAiK"
+_LLAMA_TAIL = (
+    b'"created":1796010009,"id":"'
+    + _LLAMA_ID
+    + b'","model":"m","system_fingerprint":"b0","object":"chat.completion.chunk"'
+)
+_LLAMA_TOKENS = (
+    b'" The"',
+    b'" quick"',
+    b'" brown"',
+    b'" fox"',
+    b'","',
+    b'" jumps"',
+    b'"\\n"',
+    b'" over"',
+    b'" 12"',
+    b'"!"',
+    b'" lazy"',
+    b'" dog"',
+)
+#: The first event of a ``llama_chat`` stream: the assistant role, no content.
+LLAMA_ROLE_EVENT = (
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant",'
+    b'"content":null}}],' + _LLAMA_TAIL + b"}\n\n"
+)
+#: The token events a ``llama_chat`` stream cycles through.
+LLAMA_TOKEN_EVENTS = tuple(
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
+    + t
+    + b"}}],"
+    + _LLAMA_TAIL
+    + b"}\n\n"
+    for t in _LLAMA_TOKENS
+)
+#: The path ``llama_chat`` answers (any other path or method gets llama-server's 404).
+CHAT_PATH = "/v1/chat/completions"
+
+
+def _llama_timings(n: int) -> bytes:
+    return (
+        b'"timings":{"cache_n":0,"prompt_n":40,"prompt_ms":194.973,'
+        b'"prompt_per_token_ms":4.874325,"prompt_per_second":205.156611,'
+        b'"predicted_n":%d,"predicted_ms":%.3f,"predicted_per_token_ms":24.07,'
+        b'"predicted_per_second":41.539}' % (n, n * 24.07)
+    )
+
+
+def llama_final_event(n: int) -> bytes:
+    """The finish event of a ``n``-token stream: ``finish_reason`` length and ``timings``."""
+    return (
+        b'data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],'
+        + _LLAMA_TAIL
+        + b","
+        + _llama_timings(n)
+        + b"}\n\n"
+    )
+
+
+def llama_token_event(i: int) -> bytes:
+    """Token event number ``i`` (0-based) of a ``llama_chat`` stream."""
+    return LLAMA_TOKEN_EVENTS[i % len(LLAMA_TOKEN_EVENTS)]
+
+
+def stamped_token_event(i: int) -> bytes:
+    """A token event carrying the upstream's CLOCK_MONOTONIC (``"t_ns"``), taken just now."""
+    return (
+        b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
+        + _LLAMA_TOKENS[i % len(_LLAMA_TOKENS)]
+        + b"}}],"
+        + _LLAMA_TAIL
+        + b',"t_ns":%d}\n\n' % time.monotonic_ns()
+    )
+
+
+def llama_plain_body(n: int) -> bytes:
+    """The ``stream:false`` answer for ``max_tokens=n``: one JSON object with usage and
+    timings (645 bytes for 20 tokens)."""
+    content = b"".join(_LLAMA_TOKENS[i % len(_LLAMA_TOKENS)][1:-1] for i in range(n))
+    return (
+        b'{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant",'
+        b'"content":"' + content + b'"}}],"created":1796010011,"model":"m",'
+        b'"system_fingerprint":"b0","object":"chat.completion","usage":{'
+        b'"completion_tokens":%d,"prompt_tokens":40,"total_tokens":%d,'
+        b'"prompt_tokens_details":{"cached_tokens":0}},"id":"'
+        % (n, n + 40)
+        + _LLAMA_ID
+        + b'",'
+        + _llama_timings(n)
+        + b"}"
+    )
+
+
+def llama_event_count(n: int) -> int:
+    """SSE events in a stream of ``n`` tokens: role, n tokens, finish+timings, [DONE]."""
+    return n + 3
+
+
+def llama_stream(n: int) -> list[bytes]:
+    """The whole unpaced stream of ``n`` tokens, one bytes object per event."""
+    return [LLAMA_ROLE_EVENT, *(llama_token_event(i) for i in range(n)), llama_final_event(n), DONE]
+
+
+async def _write_tokens(resp: web.StreamResponse, n: int) -> None:
+    write = resp.write
+    events = LLAMA_TOKEN_EVENTS
+    k = len(events)
+    for i in range(n):
+        await write(events[i % k])
+
+
+async def _write_paced_tokens(
+    resp: web.StreamResponse, n: int, interval: float, stamp: bool
+) -> None:
+    write = resp.write
+    sleep = asyncio.sleep
+    make = stamped_token_event if stamp else llama_token_event
+    for i in range(n):
+        await sleep(interval)
+        await write(make(i))
+
+
+def llama_chat(keep_streams_alive: bool = False) -> Script:
+    """Answer ``POST /v1/chat/completions`` like llama-server, fast (any other request: 404).
+
+    ``stream:true``: the role event, ``max_tokens`` token events, the finish event with
+    ``timings``, ``[DONE]``; each event its own write (not counted in ``seen.writes``), back to
+    back, or ``bench_interval_ms`` apart (with ``bench_stamp``, each token event carries the
+    upstream's ``time.monotonic_ns()`` as ``t_ns``). Like llama-server it closes the connection
+    after every event stream (saying so with ``Connection: close``) unless
+    ``keep_streams_alive``. ``stream:false``: ``llama_plain_body(max_tokens)``.
+    """
+    plain_cache: dict[int, bytes] = {}
+    missing = not_found()
+
+    async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
+        if request.method != "POST" or request.path != CHAT_PATH:
+            return await missing(request, seen)
+        body = orjson.loads(seen.body)
+        n = int(body.get("max_tokens", 20))
+        if not body.get("stream"):
+            data = plain_cache.get(n)
+            if data is None:
+                data = plain_cache[n] = llama_plain_body(n)
+            return web.Response(body=data, headers=CIMultiDict(JSON_HEADERS))
+        interval = float(body.get("bench_interval_ms", 0)) / 1000
+        resp = web.StreamResponse(headers=CIMultiDict(SSE_HEADERS))
+        if not keep_streams_alive:
+            resp.force_close()
+        await resp.prepare(request)
+        await resp.write(LLAMA_ROLE_EVENT)
+        if interval > 0:
+            await _write_paced_tokens(resp, n, interval, bool(body.get("bench_stamp")))
+        else:
+            await _write_tokens(resp, n)
+        await resp.write(llama_final_event(n))
+        await resp.write(DONE)
+        await resp.write_eof()
+        return resp
+
+    return script

@@ -14,8 +14,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.core.tracker import StreamTracker
 from tests.fakes import (
+    CHAT_PATH,
     DONE,
+    LLAMA_ROLE_EVENT,
     RECORDINGS_DIR,
     FakeUpstream,
     Recording,
@@ -25,6 +28,10 @@ from tests.fakes import (
     echo,
     firehose,
     hang_before_headers,
+    llama_chat,
+    llama_event_count,
+    llama_plain_body,
+    llama_stream,
     load_recording,
     replay,
     slow_steady,
@@ -249,6 +256,132 @@ async def test_completed_request_connection_close_is_observable(
         assert not seen.connection_is_closed()
     assert await seen.wait_connection_closed(within=2.0)
     assert seen.closed.is_set()
+
+
+# --------------------------------------------------------------------------------------------
+# llama_chat: the fast chat endpoint (also the relay benchmark's upstream)
+
+
+def chat_request(tokens: int, stream: bool, **extra: Any) -> bytes:
+    return orjson.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": stream}
+        | extra
+    )
+
+
+async def llama_server(aiohttp_server: Any, **kwargs: Any) -> tuple[FakeUpstream, TestServer]:
+    fake = FakeUpstream(llama_chat(**kwargs))
+    return fake, await aiohttp_server(fake.app)
+
+
+async def test_llama_chat_stream_is_llama_shaped(
+    aiohttp_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """A streamed answer is the role event, max_tokens token events, the finish event with
+    timings, [DONE] (llama_stream's bytes), and the connection closes after it."""
+    _fake, server = await llama_server(aiohttp_server)
+    async with session.post(server.make_url(CHAT_PATH), data=chat_request(5, True)) as resp:
+        body = await resp.read()
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        assert resp.headers.get("Connection") == "close"
+    assert body == b"".join(llama_stream(5))
+    assert body.startswith(LLAMA_ROLE_EVENT)
+    assert body.endswith(DONE)
+    events = json_events(body)
+    assert len(events) + 1 == llama_event_count(5)
+    assert [e["choices"][0]["delta"].get("content") for e in events[1:-1]] == [
+        " The",
+        " quick",
+        " brown",
+        " fox",
+        ",",
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["timings"]["predicted_n"] == 5
+
+
+async def test_llama_chat_keep_streams_alive_keeps_the_connection(
+    aiohttp_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """keep_streams_alive=True leaves out Connection: close after a stream."""
+    _fake, server = await llama_server(aiohttp_server, keep_streams_alive=True)
+    async with session.post(server.make_url(CHAT_PATH), data=chat_request(2, True)) as resp:
+        await resp.read()
+        assert "Connection" not in resp.headers
+
+
+async def test_llama_chat_plain_answer_has_usage_and_timings(
+    aiohttp_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """stream:false gets llama_plain_body: one JSON object, 645 bytes for 20 tokens."""
+    _fake, server = await llama_server(aiohttp_server)
+    async with session.post(server.make_url(CHAT_PATH), data=chat_request(20, False)) as resp:
+        body = await resp.read()
+        assert resp.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert body == llama_plain_body(20)
+    assert len(body) == 645
+    obj = orjson.loads(body)
+    assert obj["usage"]["completion_tokens"] == obj["timings"]["predicted_n"] == 20
+
+
+async def test_llama_chat_paced_stream_stamps_token_events(
+    aiohttp_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """With bench_interval_ms and bench_stamp every token event (and only those) carries the
+    upstream's time.monotonic_ns() as t_ns, taken while the request ran."""
+    _fake, server = await llama_server(aiohttp_server)
+    before = time.monotonic_ns()
+    body_in = chat_request(3, True, bench_interval_ms=1, bench_stamp=True)
+    async with session.post(server.make_url(CHAT_PATH), data=body_in) as resp:
+        body = await resp.read()
+    after = time.monotonic_ns()
+    events = json_events(body)
+    stamps = [e["t_ns"] for e in events[1:-1]]
+    assert len(stamps) == 3
+    assert all(before <= t <= after for t in stamps)
+    assert stamps == sorted(stamps)
+    assert "t_ns" not in events[0]
+    assert "t_ns" not in events[-1]
+
+
+async def test_llama_chat_answers_404_elsewhere(
+    aiohttp_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """Any other path or method gets llama-server's 404 JSON error."""
+    _fake, server = await llama_server(aiohttp_server)
+    async with session.get(server.make_url("/v1/models")) as resp:
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == 404
+    async with session.get(server.make_url(CHAT_PATH)) as resp:
+        assert resp.status == 404
+
+
+async def test_keep_seen_false_logs_nothing(
+    aiohttp_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """FakeUpstream(keep_seen=False) answers as usual but keeps ``seen`` empty."""
+    fake = FakeUpstream(llama_chat(), keep_seen=False)
+    server = await aiohttp_server(fake.app)
+    async with session.post(server.make_url(CHAT_PATH), data=chat_request(2, False)) as resp:
+        assert await resp.read() == llama_plain_body(2)
+    assert fake.seen == []
+
+
+@pytest.mark.parametrize("per_chunk", [1, 4])
+def test_llama_stream_is_what_the_tracker_counts(per_chunk: int) -> None:
+    """The tracker sees llama_stream(n) whole: every event, n token events, [DONE], timings
+    (the benchmark's in-process step relies on it)."""
+    events = llama_stream(50)
+    chunks = [b"".join(events[i : i + per_chunk]) for i in range(0, len(events), per_chunk)]
+    tracker = StreamTracker(time.perf_counter(), sse=True)
+    for chunk in chunks:
+        tracker.feed(chunk)
+    obs = tracker.finish()
+    assert obs.events == llama_event_count(50)
+    assert obs.token_events == 50
+    assert obs.done
+    assert obs.timings is not None
+    assert obs.analysis_error is None
 
 
 # --------------------------------------------------------------------------------------------

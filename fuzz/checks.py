@@ -315,6 +315,15 @@ def _tolerate(bug: str) -> bool:
     return True
 
 
+def _check_timings(t: ServerTimings) -> None:
+    require(type(t) is ServerTimings, f"timings = {t!r}")
+    for name in ("prompt_n", "cache_n", "predicted_n"):
+        require(_opt(getattr(t, name), int), f"timings.{name} = {getattr(t, name)!r}")
+    for name in ("prompt_ms", "predicted_ms"):
+        v = getattr(t, name)
+        require(_opt(v, float) and (v is None or math.isfinite(v)), f"timings.{name} = {v!r}")
+
+
 def check_observation(obs: Observation, stream: bytes, sse: bool) -> None:
     """Every field has its declared type; counts are consistent; no internal analysis error."""
     for name in (
@@ -339,13 +348,7 @@ def check_observation(obs: Observation, stream: bytes, sse: bool) -> None:
     for name in ("model", "finish_reason", "upstream_error", "analysis_error"):
         require(_opt(getattr(obs, name), str), f"{name} = {getattr(obs, name)!r}")
     if obs.timings is not None:
-        t = obs.timings
-        require(type(t) is ServerTimings, f"timings = {t!r}")
-        for name in ("prompt_n", "cache_n", "predicted_n"):
-            require(_opt(getattr(t, name), int), f"timings.{name} = {getattr(t, name)!r}")
-        for name in ("prompt_ms", "predicted_ms"):
-            v = getattr(t, name)
-            require(_opt(v, float) and (v is None or math.isfinite(v)), f"timings.{name} = {v!r}")
+        _check_timings(obs.timings)
     require(type(obs.tool_calls) is tuple, "tool_calls is not a tuple")
     indexes = [c.index for c in obs.tool_calls]
     require(len(set(indexes)) == len(indexes), f"duplicate tool call indexes {indexes}")

@@ -38,14 +38,15 @@ class TestDeadlines:
     async def test_steady_progress_never_expires(self) -> None:
         """Many short reads and writes, each well inside its limit, add up past both limits
         without expiring: the limits are per operation, not per exchange."""
-        d = Deadlines(0.05, 0.05, "read", "write")
-        for _ in range(20):
+        # limits 25x each operation, so a loaded machine's late wake-ups stay inside them
+        d = Deadlines(0.25, 0.25, "read", "write")
+        for _ in range(40):  # about 0.6 s in all: past both limits
             d.reading()
             await asyncio.sleep(0.01)
             d.writing()
             await asyncio.sleep(0.005)
         d.idle()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
         assert d.expired is None
         d.stop()
 

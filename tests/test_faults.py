@@ -535,6 +535,10 @@ class TestStaleKeepAlive:
         err = (await second.json())["error"]
         assert err["code"] == "upstream_unreachable"
         assert "ServerDisconnectedError" in err["message"]
+        assert err["message"] == (
+            f"upstream unreachable: {url}/v1/chat/completions: "
+            "the connection closed before a response (ServerDisconnectedError)"
+        )
         # the prompt reached the upstream once, on the reused connection: never replayed
         assert upstream.connections == 1
         assert [r.endswith(b'{"n":2}') for r in upstream.requests] == [False, True]
@@ -685,12 +689,14 @@ class TestGracefulShutdown:
         assert rc == 0, stderr
         assert 0.9 < took < 4.0, f"exit {took:.2f} s after SIGTERM with a 1.0 s drain"
         assert got.startswith(b"data: ") and not got.endswith(DONE)
-        seen = upstream.seen[0]
+        # the proxy's check of the upstream at start (GET /health) is seen too
+        (seen,) = [s for s in upstream.seen if s.path_qs == "/v1/chat/completions"]
         assert await seen.wait_connection_closed(within=2.0)
         assert seen.writes < 200
         events = [json.loads(line) for line in log_file.read_text().splitlines()]
         names = [e["event"] for e in events]
         assert names[0] == "proxy_started" and names[-1] == "proxy_stopped"
+        assert "upstream_ok" in names
         (record,) = [e for e in events if e["event"] == "request_completed"]
         assert record["outcome"] == "shutdown_aborted"
         assert record["id"] == resp.headers[REQUEST_ID_HEADER]

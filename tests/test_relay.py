@@ -238,12 +238,18 @@ class TestFailures:
     async def test_unreachable_upstream_gives_openai_shaped_502(
         self, make_proxy: ProxyFactory
     ) -> None:
-        """With nothing listening upstream the agent gets 502 with an OpenAI error body."""
+        """With nothing listening upstream the agent gets 502 with an OpenAI error body whose
+        message (also the record's error) names the upstream URL and the cause."""
         proxy = await make_proxy("http://127.0.0.1:9")
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         assert resp.status == 502
         err = (await resp.json())["error"]
         assert err["type"] == "server_error" and err["code"] == "upstream_unreachable"
+        assert err["message"].startswith(
+            "upstream unreachable: http://127.0.0.1:9/v1/chat/completions: "
+        )
+        assert err["message"].endswith("(ClientConnectorError)")
+        assert proxy.captured.last.error == err["message"]
         assert resp.headers[REQUEST_ID_HEADER] == proxy.captured.last.id
         assert proxy.captured.last.outcome is Outcome.UPSTREAM_UNREACHABLE
         assert proxy.captured.last.status == 502

@@ -34,6 +34,7 @@ from proxy.core.tracker import Observation, StreamTracker
 from proxy.serve.accounting import Accounting, Pending
 from proxy.serve.deadline import Deadlines
 from proxy.serve.tasks import spawn
+from proxy.serve.upstream import failure_cause
 
 __all__ = ["Relay", "RelaySettings", "error_response"]
 
@@ -181,10 +182,13 @@ class Relay:
                 ),
             )
         except aiohttp.ClientError as exc:
+            target = url.with_user(None).with_query(None).with_fragment(None)
             return self._refuse(
                 flight,
                 _Abort(
-                    Outcome.UPSTREAM_UNREACHABLE, 502, f"upstream unreachable: {type(exc).__name__}"
+                    Outcome.UPSTREAM_UNREACHABLE,
+                    502,
+                    f"upstream unreachable: {target}: {failure_cause(exc)}",
                 ),
             )
         try:
@@ -212,6 +216,7 @@ class Relay:
             max_event_bytes=settings.max_event_bytes,
             max_body_bytes=settings.max_body_bytes,
             skip=None if encoding == "identity" else f"content_encoding:{encoding}",
+            dialect=flight.facts.dialect,
         )
         flight.tracker = tracker
         resp = web.StreamResponse(

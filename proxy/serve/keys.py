@@ -1,0 +1,59 @@
+"""The typed keys under which the application holds what its handlers and hooks read.
+
+Set by :func:`proxy.serve.app.build_app` (``SESSION``, ``RELAY`` and ``ACCOUNTING`` once the
+upstream session is open, in its cleanup context).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.core.record import Record
+from proxy.core.request import RequestFacts
+from proxy.core.stats import Stats
+from proxy.core.tracker import Observation
+from proxy.serve.accounting import Accounting
+from proxy.serve.metrics import Metrics
+from proxy.serve.model_info import ModelInfo
+from proxy.serve.relay import Relay
+from proxy.serve.stats_cache import StatsDocument
+
+__all__ = [
+    "ACCOUNTING",
+    "BACKGROUND",
+    "CONFIG",
+    "DASHBOARD",
+    "METRICS",
+    "MODEL_INFO",
+    "RELAY",
+    "SESSION",
+    "SINKS",
+    "STATS",
+    "STATS_DOCUMENT",
+    "STREAM_SESSION",
+    "RecordSink",
+]
+
+RecordSink = Callable[[Record, RequestFacts, Observation | None], None]
+"""Where a finished record goes (the log, ``/stats``, ``/metrics``, the accounting)."""
+
+CONFIG = web.AppKey("config", Config)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+STREAM_SESSION = web.AppKey("stream_session", aiohttp.ClientSession)
+RELAY = web.AppKey("relay", Relay)
+STATS = web.AppKey("stats", Stats)
+STATS_DOCUMENT = web.AppKey("stats_document", StatsDocument)
+METRICS = web.AppKey("metrics", Metrics)
+MODEL_INFO = web.AppKey("model_info", ModelInfo)
+SINKS = web.AppKey("sinks", list[RecordSink])
+ACCOUNTING: web.AppKey[Accounting | None] = web.AppKey("accounting")
+DASHBOARD = web.AppKey("dashboard", bytes)
+"""The dashboard page, read from the package once."""
+BACKGROUND = web.AppKey("background", set[asyncio.Future[Any]])
+"""Background tasks of the app itself (the upstream check), cancelled at cleanup."""

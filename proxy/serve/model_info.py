@@ -1,0 +1,140 @@
+"""What the served model weighs, read from the upstream's ``/v1/models``, and the roofline
+fields it gives each record (``decode_gbs``, ``roof_ratio``).
+
+The serving proxy fetches the model's metadata in the background the first time a record
+with a decode rate needs it, and again at most every :attr:`ModelInfo.retry_s` seconds while
+it is unknown (llama-server may still be loading, or have no ``meta``). The ``report``
+command, which has no event loop, uses :meth:`ModelInfo.fetch_blocking`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.core.record import Record
+from proxy.core.roofline import Board, ModelMeta, record_roofline
+from proxy.serve.tasks import spawn
+
+__all__ = ["ModelInfo", "ModelInfoError"]
+
+RETRY_S = 30.0
+"""Seconds between two fetches of ``/v1/models`` while the metadata is unknown."""
+
+FETCH_TIMEOUT_S = 5.0
+
+
+class ModelInfoError(Exception):
+    """``/v1/models`` could not be read (unreachable, or not JSON); the message says why,
+    naming the URL."""
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class ModelInfo:
+    """The served model's :class:`ModelMeta` once known, and the roofline of each record."""
+
+    def __init__(
+        self,
+        upstream_url: str,
+        board: Board,
+        *,
+        api_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self._url = upstream_url.rstrip("/") + "/v1/models"
+        self._board = board
+        self._headers = _auth(api_key)
+        self._clock = clock
+        self.retry_s = retry_s
+        self.meta: ModelMeta | None = None
+        """The model's metadata; ``None`` until a fetch found it."""
+        self._session: aiohttp.ClientSession | None = None
+        self._last_try = float("-inf")
+        self._fetching: set[asyncio.Future[Any]] = set()
+
+    def attach(self, session: aiohttp.ClientSession) -> None:
+        """Fetch through ``session`` from now on (none is made before one is attached)."""
+        self._session = session
+
+    async def close(self) -> None:
+        """Stop using the session: cancel a fetch in flight (at shutdown)."""
+        self._session = None
+        for task in self._fetching:
+            task.cancel()
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Wait until no fetch is in flight."""
+        if self._fetching:
+            await asyncio.gather(*self._fetching, return_exceptions=True)
+
+    def enrich(self, record: Record) -> Record:
+        """``record`` with ``decode_gbs`` and ``roof_ratio`` filled in when it has a decode rate
+        and the model is known; otherwise unchanged (and, the model unknown, a fetch started
+        in the background unless one was tried within ``retry_s``)."""
+        if record.decode_tok_s is None:
+            return record
+        meta = self.meta
+        if meta is None:
+            self._maybe_fetch()
+            return record
+        fields = record_roofline(record, meta, self._board)
+        return dataclasses.replace(
+            record, decode_gbs=fields["decode_gbs"], roof_ratio=fields["roof_ratio"]
+        )
+
+    def _maybe_fetch(self) -> None:
+        now = self._clock()
+        if self._session is None or now - self._last_try <= self.retry_s:
+            return
+        self._last_try = now
+        _ = spawn(self.fetch(self._session), self._fetching)
+
+    async def fetch(self, session: aiohttp.ClientSession) -> ModelMeta | None:
+        """GET ``/v1/models`` once; keeps and returns the metadata when the answer has it.
+        Failures (unreachable, timeout, not JSON, no ``meta``) leave it unknown."""
+        try:
+            async with session.get(
+                self._url,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
+            ) as resp:
+                if resp.status == 200:
+                    self.meta = ModelMeta.from_models_json(orjson.loads(await resp.read()))
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            pass
+        return self.meta
+
+    @staticmethod
+    def fetch_blocking(
+        upstream_url: str, timeout_s: float = FETCH_TIMEOUT_S, api_key: str | None = None
+    ) -> ModelMeta | None:
+        """GET ``{upstream_url}/v1/models`` and read its ``meta``; ``None`` when it has none.
+
+        Blocking (urllib), for commands without an event loop. Raises
+        :class:`ModelInfoError` naming the URL when the server cannot be reached or does not
+        answer JSON.
+        """
+        url = upstream_url.rstrip("/") + "/v1/models"
+        try:
+            request = urllib.request.Request(url, headers=_auth(api_key))
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                body = resp.read()
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ModelInfoError(f"{url}: {exc}") from None
+        try:
+            return ModelMeta.from_models_json(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            raise ModelInfoError(f"{url}: the answer is not JSON") from None

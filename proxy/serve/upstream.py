@@ -1,0 +1,87 @@
+"""The upstream as the proxy reaches it: its client session, the check at start, and a
+failure to reach it said in words (``connection refused (ClientConnectorError)``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from proxy.config import Config
+
+__all__ = ["check_upstream", "failure_cause", "own_headers", "upstream_session"]
+
+CHECK_TIMEOUT_S = 3.0
+"""How long the check at start waits for ``/health`` to answer."""
+
+
+def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSession:
+    """A session for the upstream: no total deadline; pooled connections are closed before
+    llama-server's 5 s idle close; ``pooled=False`` closes each connection after use."""
+    up = config.upstream
+    connector = (
+        aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
+        if pooled
+        else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=up.connect_timeout_s, sock_read=None
+        ),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+def own_headers(config: Config) -> dict[str, str]:
+    """Headers of the proxy's own requests to the upstream (its API key, if one is set)."""
+    key = config.upstream.api_key
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _os_words(error: OSError) -> str:
+    if isinstance(error, socket.gaierror):
+        return f"host name not resolved: {error.strerror or error}"
+    if error.errno is not None and error.errno > 0:
+        return os.strerror(error.errno).lower()
+    return str(error)
+
+
+def failure_cause(exc: BaseException) -> str:
+    """Why a request to the upstream failed, in words, then the exception's class:
+    ``connection refused (ClientConnectorError)``; only the class when there are no words."""
+    name = type(exc).__name__
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        words = _os_words(exc.os_error)
+    elif isinstance(exc, aiohttp.ServerDisconnectedError):
+        words = "the connection closed before a response"
+    elif isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
+        words = "no answer in time"
+    elif isinstance(exc, OSError):
+        words = _os_words(exc)
+    else:
+        words = str(exc)
+    return f"{words} ({name})" if words else name
+
+
+async def check_upstream(session: aiohttp.ClientSession, config: Config, log: Any) -> bool:
+    """GET ``/health`` once and log the result: ``upstream_ok`` (info) on any HTTP answer,
+    ``upstream_unreachable`` (warning, with the URL and the cause) when there is none."""
+    url = str(URL(config.upstream.url.rstrip("/") + "/health").with_user(None))
+    try:
+        resp = await session.get(
+            url,
+            headers=own_headers(config),
+            timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S),
+            allow_redirects=False,
+        )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("upstream_unreachable", url=url, cause=failure_cause(exc))
+        return False
+    resp.close()  # the status is all the check needs: the body is never read
+    log.info("upstream_ok", url=url, status=resp.status)
+    return True

@@ -1,0 +1,117 @@
+"""Start and stop of ``proxy.serve.app.run``: ``proxy_started`` only once the socket listens,
+then the upstream check; a port in use raises ``OSError`` out of ``run`` with nothing logged
+before it."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import gc
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from structlog.testing import capture_logs
+
+import proxy.serve.app
+from proxy.config import Config, load_config
+from proxy.serve.keys import BACKGROUND
+
+
+@pytest.fixture
+def refusing_url() -> Iterator[str]:
+    """The URL of a port that is bound but not listening: every connection is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze() -> Iterator[None]:
+    """``run`` freezes the collector's generations at start-up; give them back after."""
+    yield
+    gc.unfreeze()
+
+
+def _config(upstream_url: str, port: int = 0) -> Config:
+    return load_config(
+        None,
+        {
+            "server": {"host": "127.0.0.1", "port": port, "shutdown_drain_s": 0.5},
+            "upstream": {"url": upstream_url},
+            "accounting": {"enabled": False},
+        },
+    )
+
+
+def _run_app_arguments(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> tuple[web.Application, dict[str, Any]]:
+    """Call ``run(config)`` with ``web.run_app`` replaced: the app and its keyword arguments."""
+    got: dict[str, Any] = {}
+
+    def fake_run_app(app: web.Application, **kwargs: Any) -> None:
+        got.update(kwargs, app=app)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(web, "run_app", fake_run_app)
+        proxy.serve.app.run(config)
+    return got.pop("app"), got
+
+
+class TestStartedAndStopped:
+    """The start and stop lines, and what comes between them."""
+
+    async def test_started_is_logged_once_listening_then_the_upstream_is_checked(
+        self, monkeypatch: pytest.MonkeyPatch, refusing_url: str
+    ) -> None:
+        """Start-up hooks log nothing; ``run_app`` calls ``print`` once every site listens,
+        which logs ``proxy_started`` and then checks the upstream in the background (here:
+        one ``upstream_unreachable`` warning); cleanup logs ``proxy_stopped``."""
+        app, kwargs = _run_app_arguments(_config(refusing_url), monkeypatch)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        with capture_logs() as logs:
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            assert logs == []
+            kwargs["print"]("======== Running on http://127.0.0.1 ========")
+            await asyncio.gather(*app[BACKGROUND])
+            await runner.cleanup()
+        assert [(e["event"], e["log_level"]) for e in logs] == [
+            ("proxy_started", "info"),
+            ("upstream_unreachable", "warning"),
+            ("proxy_stopped", "info"),
+        ]
+        assert logs[0]["upstream"] == refusing_url
+        assert logs[1]["url"] == refusing_url + "/health"
+        assert logs[1]["cause"] == "connection refused (ClientConnectorError)"
+
+    async def test_no_stopped_line_without_a_started_one(
+        self, monkeypatch: pytest.MonkeyPatch, refusing_url: str
+    ) -> None:
+        """An app cleaned up without ever listening logs no ``proxy_stopped``."""
+        app, _ = _run_app_arguments(_config(refusing_url), monkeypatch)
+        runner = web.AppRunner(app)
+        with capture_logs() as logs:
+            await runner.setup()
+            await runner.cleanup()
+        assert logs == []
+
+
+def test_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str) -> None:
+    """``run`` on a port another socket listens on raises the bind's ``OSError`` (the CLI
+    turns it into one line), after cleaning up, with no ``proxy_started`` before it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            with capture_logs() as logs, pytest.raises(OSError) as raised:
+                proxy.serve.app.run(_config(refusing_url, port))
+        finally:
+            asyncio.set_event_loop(None)  # run_app left its closed loop as the current one
+    assert raised.value.errno == errno.EADDRINUSE
+    assert logs == []

@@ -118,16 +118,18 @@ class TestLoadRuns:
         assert run.name == "a.jsonl"
         assert run.records == records
         assert run.skipped == {}
+        assert run.missing == {}
 
     def test_junk_skipped_and_counted(self, tmp_path: Path) -> None:
-        """Non-JSON lines, other events and invalid records are skipped and counted by reason."""
+        """Non-JSON lines, other events, lines with neither a kind nor a timing and invalid
+        records are skipped and counted by reason."""
         extra = [
             b"not json at all",
             b'{"event":"request_completed","id":"x"',  # cut off mid-write
             b"[1, 2]",
             b'{"event":"proxy_started","listen":"127.0.0.1:8081"}',
             b'{"event":"schema_prefilled_again","id":"r-1"}',
-            b'{"event":"request_completed","id":"x"}',  # no ts/method/path
+            b'{"event":"request_completed","id":"x"}',  # neither a kind nor a timing
             b'{"event":"request_completed","id":"x","ts":"t","method":"POST","path":"/",'
             b'"kind":"robot"}',
             b"",
@@ -135,8 +137,25 @@ class TestLoadRuns:
         path = write_log(tmp_path / "a.jsonl", [tool_call(0, 2061.0)], extra)
         (run,) = load_runs([path])
         assert len(run.records) == 1
-        assert run.skipped == {"not_json": 3, "other_event": 2, "bad_record": 2}
+        assert run.skipped == {
+            "not_json": 3,
+            "other_event": 2,
+            "no_kind_or_timing": 1,
+            "bad_record": 1,
+        }
         assert run.skipped_total == 7
+
+    def test_a_field_the_line_lacks_is_unknown(self, tmp_path: Path) -> None:
+        """A request_completed line without a field (an older log) is read, the field None,
+        and counted as missing."""
+        line = orjson.loads(log_line(tool_call(0, 2061.0)))
+        del line["tool_args_chars"], line["ts"]
+        (run,) = load_runs([write_log(tmp_path / "a.jsonl", [], [orjson.dumps(line)])])
+        read = [r.to_dict() for r in run.records]  # as dicts: Record types ts as a str
+        assert [(d["e2e_ms"], d["ts"], d["tool_args_chars"]) for d in read] == [
+            (2061.0, None, None)
+        ]
+        assert run.missing == {"ts": 1, "tool_args_chars": 1}
 
     def test_gzip(self, tmp_path: Path) -> None:
         """A .gz log is decompressed."""
@@ -155,6 +174,95 @@ class TestLoadRuns:
         (tmp_path / "b").mkdir()
         paths = [write_log(tmp_path / d / "log.jsonl", [tool_call(0, 1.0)]) for d in "ab"]
         assert [run.name for run in load_runs(paths)] == paths
+
+
+HARNESS_LOG = b"""\
+{"kind": "tool", "ttft_ms": 1234.5, "prefill_ms": 796.0, "decode_ms": 1265.0, "e2e_ms": 2061.0}
+{"kind": "tool", "ttft_ms": 1100.0, "prefill_ms": 700.0, "decode_ms": 1200.0, "e2e_ms": 1900.0}
+{"kind": "tool", "ttft_ms": 1500.0, "prefill_ms": 900.0, "decode_ms": 1400.0, "e2e_ms": 2500.0}
+{"ttft_ms": 150.0, "e2e_ms": 900.0}
+{"note": "harness started", "model": "qwen3-4b"}
+"""
+"""Another harness's per-call summary: three tool calls with their times and nothing else,
+one call without a kind, and a line with neither a kind nor a timing."""
+
+
+@pytest.fixture(name="harness_log")
+def _harness_log(tmp_path: Path) -> str:
+    path = tmp_path / "harness.jsonl"
+    path.write_bytes(HARNESS_LOG)
+    return str(path)
+
+
+class TestPartialLog:
+    def test_lines_with_a_kind_or_a_timing_are_records(self, harness_log: str) -> None:
+        """Lines without an event but with a kind or a timing are read, the fields they
+        lack unknown; the line with neither is skipped and says so."""
+        (run,) = load_runs([harness_log])
+        assert [r.ttft_ms for r in run.records] == [1234.5, 1100.0, 1500.0, 150.0]
+        read = [r.to_dict() for r in run.records]  # as dicts: Record types id and ts as str
+        assert {(d["id"], d["ts"], d["outcome"]) for d in read} == {(None, None, "completed")}
+        assert [r.kind for r in run.records] == [Kind.TOOL] * 3 + [Kind.OTHER]
+        assert run.skipped == {"no_kind_or_timing": 1}
+
+    def test_missing_fields_counted(self, harness_log: str) -> None:
+        """Each record field a kept line lacks is counted by name; present ones are not."""
+        (run,) = load_runs([harness_log])
+        assert run.missing["ts"] == run.missing["outcome"] == 4
+        assert run.missing["kind"] == run.missing["prefill_ms"] == 1
+        assert "ttft_ms" not in run.missing and "e2e_ms" not in run.missing
+
+    def test_summarised_as_completed(self, harness_log: str) -> None:
+        """The tool calls without an outcome count as completed: their median is 2,061 ms."""
+        report = build_report(load_runs([harness_log]))
+        tool = report["kinds"]["tool"]
+        assert (tool["count"], tool["window"]) == (3, 3)
+        assert tool["e2e_ms"]["p50"] == 2061.0 and tool["ttft_ms"]["p50"] == 1234.5
+        assert report["requests"] == 3
+        assert report["kinds"]["chat"]["count"] == 0
+        assert report["unknown"] == {
+            "outcome": "counted as completed",
+            "kind": "in neither the chat nor the tool summary",
+        }
+
+    def test_document_lists_missing_fields(self, harness_log: str) -> None:
+        """The document has the missing fields, most often missing first, also per run."""
+        report = build_report(load_runs([harness_log]))
+        missing = report["missing_fields"]
+        assert missing["outcome"] == 4 and missing["kind"] == 1
+        assert list(missing)[:4] == ["id", "ts", "method", "path"]
+        assert report["runs"][0]["missing_fields"] == missing
+
+    def test_text_says_what_was_missing(self, harness_log: str) -> None:
+        """The text names the missing fields with counts and how such records were counted."""
+        text = render_text(build_report(load_runs([harness_log])))
+        assert "1 run, 3 requests" in text
+        assert "1 line skipped (1 no kind or timing)" in text
+        assert "fields missing (read as unknown): id 4, ts 4, method 4, path 4," in text
+        assert "outcome 4" in text and "(all in --json)" in text
+        assert "4 records with no outcome: counted as completed" in text
+        assert "1 record with no kind: in neither the chat nor the tool summary" in text
+        assert "median call               (no id): 2,061 ms end to end" in text
+        assert "valid tool calls" not in text  # unknown, not "3 no call"
+
+    def test_proxy_log_says_nothing_missing(self, tmp_path: Path) -> None:
+        """The proxy's own log has every field: no missing-fields line, no unknowns."""
+        report = build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)]))
+        assert report["missing_fields"] == {} and report["unknown"] == {}
+        assert "fields missing" not in render_text(report)
+
+    def test_a_time_that_is_not_a_number(self, tmp_path: Path) -> None:
+        """A line whose time is not a number is skipped as a bad record, not summarised."""
+        path = tmp_path / "a.jsonl"
+        path.write_bytes(b'{"kind": "tool", "ttft_ms": "fast"}\n{"kind": "tool", "e2e_ms": 5}\n')
+        (run,) = load_runs([str(path)])
+        assert [r.e2e_ms for r in run.records] == [5]
+        assert run.skipped == {"bad_record": 1}
+
+    def test_report_command_on_a_partial_log(self, harness_log: str) -> None:
+        """run_report prints the table for a harness's log instead of 0 requests."""
+        out = run_report([harness_log], json_out=False, kind=None, plot=None, board=None, meta=None)
+        assert "3 requests" in out and "2,061" in out
 
 
 class TestBuildReport:
@@ -207,6 +315,17 @@ class TestBuildReport:
         valid = report["kinds"]["tool"]["tool_calls_valid"]
         assert valid == {"valid": 2, "of": 4, "invalid": 1, "no_call": 1}
         assert "2 of 4 (1 invalid, 1 no call)" in render_text(report)
+
+    def test_unknown_tool_calls_left_out_of_n(self, tmp_path: Path) -> None:
+        """A tool request whose calls were not counted (tool_calls and tool_call_valid null)
+        is left out of n, not counted as "no call"."""
+        records = [
+            tool_call(0, 2000.0),
+            tool_call(1, 2000.0, tool_call_valid=None, tool_calls=None),
+        ]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        valid = report["kinds"]["tool"]["tool_calls_valid"]
+        assert valid == {"valid": 1, "of": 1, "invalid": 0, "no_call": 0}
 
     def test_only_completed_in_percentiles(self, tmp_path: Path) -> None:
         """Requests that did not complete are counted by outcome, not in the percentiles."""
@@ -486,6 +605,9 @@ def _models_server() -> Iterator[tuple[str, type[_Models]]]:
 
 
 class TestFetchModelMeta:
+    """fetch_model_meta: ModelInfo.fetch_blocking with its errors as ReportError, what
+    ``report --upstream`` and ``demo`` catch."""
+
     def test_reads_meta(self, models_server: tuple[str, type[_Models]]) -> None:
         """The upstream's /v1/models meta gives the model's size and parameter count."""
         url, handler = models_server

@@ -10,7 +10,16 @@ import orjson
 import pytest
 
 from proxy.core.record import Kind, Outcome, Record
-from proxy.core.stats import SUMMARY_FIELDS, Stats, percentile, summarize, summarize_kind
+from proxy.core.stats import (
+    SUMMARY_FIELDS,
+    Stats,
+    cache_ratio,
+    percentile,
+    quantiles,
+    summarize,
+    summarize_cache,
+    summarize_kind,
+)
 
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
 
@@ -327,3 +336,42 @@ class TestStats:
         doc = orjson.loads(orjson.dumps(snap))
         assert doc["outcomes"] == {"client_closed": 1, "completed": 1}
         assert doc == json.loads(json.dumps(snap))
+
+
+class TestQuantilesAndCache:
+    """The public helpers that ``/stats`` and ``report`` share."""
+
+    def test_quantiles(self) -> None:
+        """p50/p90/p99 of the seed's sorted five tool totals: 2,061 / 3,711.4 / 4,035.04 ms."""
+        assert quantiles(sorted(SEED_TOOL_TOTALS)) == {
+            "p50": 2061.0,
+            "p90": 3711.4,
+            "p99": 4035.04,
+        }
+
+    def test_quantiles_empty(self) -> None:
+        """No values: every quantile is None."""
+        assert quantiles([]) == {"p50": None, "p90": None, "p99": None}
+
+    def test_cache_ratio(self) -> None:
+        """The ratio is cached over prompt tokens; no prompt tokens give None, not 0."""
+        assert cache_ratio(336, 346) == {
+            "cache_n": 336,
+            "prompt_tokens": 346,
+            "hit_ratio": 0.971098,
+        }
+        assert cache_ratio(0, 0) == {"cache_n": 0, "prompt_tokens": 0, "hit_ratio": None}
+
+    def test_summarize_cache_is_the_stats_cache(self) -> None:
+        """Over the same records, summarize_cache gives /stats's cache object."""
+        records = [
+            rec(0, cache_n=35, prompt_tokens=40),
+            rec(1, cache_n=301, prompt_tokens=306),
+            rec(2, cache_n=None, prompt_tokens=500),
+            rec(3, cache_n=7, prompt_tokens=None),
+        ]
+        stats = Stats(since="s")
+        for r in records:
+            stats.add(r)
+        assert summarize_cache(records) == stats.snapshot()["cache"]
+        assert summarize_cache(records)["cache_n"] == 336

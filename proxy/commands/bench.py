@@ -1,6 +1,6 @@
-"""``timing-proxy bench``: the seed's harness. Sends a prompt set through the proxy (or,
-with ``--direct``, straight to llama-server) for N runs with the OpenAI SDK, as an agent
-would, and writes one JSON-lines log per run that ``timing-proxy report`` reads.
+"""``timing-proxy bench``: the Jetson measurement's method. Sends a prompt set through the
+proxy (or, with ``--direct``, straight to llama-server) for N runs with the OpenAI SDK, as an
+agent would, and writes one JSON-lines log per run that ``timing-proxy report`` reads.
 
 Through the proxy, each log line is the proxy's own record (fetched from
 ``/stats/records/{id}``) plus what the client saw (``client_ttft_ms``, ``client_e2e_ms``).

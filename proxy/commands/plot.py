@@ -1,4 +1,4 @@
-"""The seed's "clock" of the median chat and tool call, drawn to a PNG with matplotlib.
+"""The "clock" of the median chat and tool call, drawn to a PNG with matplotlib.
 
 One row per kind: the overhead before prefill, the shaded prefill, then one tick per
 decoded token across llama-server's decode time, the moment the tool call was complete and
@@ -7,7 +7,9 @@ token's time, and the figure says so.
 
 matplotlib is an optional extra (``pip install 'timing-proxy[plot]'``); it is imported only
 when a plot is drawn, and only its object-oriented API is used (no pyplot, no global
-backend switch): the Agg canvas renders the PNG.
+backend switch): the Agg canvas renders the PNG. The median calls come from
+:mod:`proxy.commands.report.summary`; :mod:`proxy.commands.report.run` imports this module,
+and this module imports only the report's summary and errors, so the imports run one way.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from proxy.core.record import Outcome, Record
+from proxy.commands.report.errors import ReportError
+from proxy.commands.report.summary import KINDS, completed, median_call, median_record
+from proxy.core.numbers import figure
+from proxy.core.record import Record
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-from proxy.commands.report import KINDS, ReportError, _median_call, median_record
 
 __all__ = ["PlotUnavailableError", "plot_clock"]
 
@@ -45,15 +49,11 @@ def _calls(source: Mapping[str, Any] | Sequence[Record]) -> list[tuple[str, int,
                 out.append((kind, int(summary["window"]), call))
         return out
     for kind in KINDS:
-        done = [r for r in source if r.kind == kind and r.outcome is Outcome.COMPLETED]
-        call = _median_call(median_record(done))
+        done = completed(source, kind)
+        call = median_call(median_record(done))
         if call is not None:
             out.append((kind, len(done), call))
     return out
-
-
-def _fmt(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 100 or value == round(value) else f"{value:.1f}"
 
 
 def plot_clock(source: Mapping[str, Any] | Sequence[Record], path: str) -> None:
@@ -91,83 +91,113 @@ def plot_clock(source: Mapping[str, Any] | Sequence[Record], path: str) -> None:
         raise ReportError(f"{path}: cannot write the plot: {exc}") from None
 
 
-def _draw(ax: Axes, kind: str, count: int, call: Mapping[str, Any]) -> None:
-    from matplotlib.ticker import StrMethodFormatter
+_Y, _H = 0.0, 0.5
+"""The bar's bottom and height on each row's y axis."""
 
-    e2e: float = call["e2e_ms"]
-    ttft: float | None = call["ttft_ms"]
-    prefill: float | None = call["prefill_ms"]
-    decode: float | None = call["decode_ms"]
-    tokens: int | None = call["predicted_n"]
-    tool_ms: float | None = call["tool_call_ms"]
-    y, h = 0.0, 0.5
-    parts: list[str] = []
-    if ttft is not None and prefill is not None:
-        start = max(ttft - prefill, 0.0)
-        if start > 0:
-            ax.broken_barh([(0.0, start)], (y, h), facecolors=_OVERHEAD)
-            parts.append(f"overhead {_fmt(start)}")
-        ax.broken_barh(
-            [(start, ttft - start)],
-            (y, h),
-            facecolors=_PREFILL,
-            alpha=0.45,
-            hatch="//",
-            edgecolor=_PREFILL,
-        )
-        ax.text(
-            start + (ttft - start) / 2,
-            y + h + 0.08,
-            f"prefill {_fmt(prefill)} ms",
-            ha="center",
-            va="bottom",
-            fontsize=9,
-            color=_PREFILL,
-        )
-    elif ttft is not None:
-        ax.broken_barh([(0.0, ttft)], (y, h), facecolors=_OVERHEAD)
-    if prefill is not None:
-        parts.append(f"prefill {_fmt(prefill)}")
-    if ttft is not None and decode is not None:
-        ax.broken_barh([(ttft, decode)], (y, h), facecolors=_DECODE, alpha=0.18)
-        if tokens:
-            step = decode / (tokens - 1) if tokens > 1 else 0.0
-            ticks = [ttft + i * step for i in range(tokens)]
-            ax.vlines(ticks, y - 0.05, y + h + 0.05, colors=_DECODE, linewidth=1.4, zorder=3)
-        label = f"decode {_fmt(decode)} ms" + (f", {tokens} tokens" if tokens else "")
-        ax.text(
-            ttft + decode / 2, y - 0.12, label, ha="center", va="top", fontsize=9, color=_DECODE
-        )
-        parts.append(f"decode {_fmt(decode)}")
-    if prefill is not None and decode is not None and prefill + decode > 0:
-        share = 100.0 * prefill / (prefill + decode)
-        parts[-2:] = [
-            f"prefill {_fmt(prefill)} ({share:.0f} %)",
-            f"decode {_fmt(decode)} ({100 - share:.0f} %)",
-        ]
+
+def _draw(ax: Axes, kind: str, count: int, call: Mapping[str, Any]) -> None:
+    _draw_prefill(ax, call["ttft_ms"], call["prefill_ms"])
+    _draw_decode(ax, call["ttft_ms"], call["decode_ms"], call["predicted_n"])
+    _draw_marks(ax, call["ttft_ms"], call["tool_call_ms"], call["e2e_ms"])
+    ax.set_title(_title(kind, count, call), loc="left", fontsize=10)
+    _style_axis(ax, call["e2e_ms"])
+
+
+def _draw_prefill(ax: Axes, ttft: float | None, prefill: float | None) -> None:
+    """The overhead before prefill (grey) and the shaded prefill up to the first token."""
+    if ttft is None:
+        return
+    if prefill is None:
+        ax.broken_barh([(0.0, ttft)], (_Y, _H), facecolors=_OVERHEAD)
+        return
+    start = max(ttft - prefill, 0.0)
+    if start > 0:
+        ax.broken_barh([(0.0, start)], (_Y, _H), facecolors=_OVERHEAD)
+    ax.broken_barh(
+        [(start, ttft - start)],
+        (_Y, _H),
+        facecolors=_PREFILL,
+        alpha=0.45,
+        hatch="//",
+        edgecolor=_PREFILL,
+    )
+    ax.text(
+        start + (ttft - start) / 2,
+        _Y + _H + 0.08,
+        f"prefill {figure(prefill)} ms",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+        color=_PREFILL,
+    )
+
+
+def _draw_decode(ax: Axes, ttft: float | None, decode: float | None, tokens: int | None) -> None:
+    """The decode time after the first token, one tick per decoded token, evenly spaced."""
+    if ttft is None or decode is None:
+        return
+    ax.broken_barh([(ttft, decode)], (_Y, _H), facecolors=_DECODE, alpha=0.18)
+    if tokens:
+        step = decode / (tokens - 1) if tokens > 1 else 0.0
+        ticks = [ttft + i * step for i in range(tokens)]
+        ax.vlines(ticks, _Y - 0.05, _Y + _H + 0.05, colors=_DECODE, linewidth=1.4, zorder=3)
+    label = f"decode {figure(decode)} ms" + (f", {tokens} tokens" if tokens else "")
+    ax.text(ttft + decode / 2, _Y - 0.12, label, ha="center", va="top", fontsize=9, color=_DECODE)
+
+
+def _draw_marks(ax: Axes, ttft: float | None, tool_ms: float | None, e2e: float) -> None:
+    """The first token, the moment the tool call was complete, and the end."""
     if ttft is not None:
         ax.axvline(ttft, color="#333333", linewidth=0.8, linestyle=":", zorder=1)
-        ax.text(ttft, y + h + 0.42, f"first token {_fmt(ttft)}", ha="center", fontsize=8)
+        ax.text(ttft, _Y + _H + 0.42, f"first token {figure(ttft)}", ha="center", fontsize=8)
     if tool_ms is not None:
         ax.axvline(tool_ms, color=_TOOL, linewidth=2)
         ax.text(
             tool_ms,
-            y + h + 0.42,
-            f"tool call complete {_fmt(tool_ms)}",
+            _Y + _H + 0.42,
+            f"tool call complete {figure(tool_ms)}",
             ha="right",
             fontsize=8,
             color=_TOOL,
         )
     ax.axvline(e2e, color="black", linewidth=1)
-    ax.text(e2e, y - 0.45, f"end {_fmt(e2e)}", ha="right", fontsize=8)
-    rate = call["decode_tok_s"]
+    ax.text(e2e, _Y - 0.45, f"end {figure(e2e)}", ha="right", fontsize=8)
+
+
+def _title_parts(ttft: float | None, prefill: float | None, decode: float | None) -> list[str]:
+    """The title's "overhead + prefill (share) + decode (share)", of what is known."""
+    parts: list[str] = []
+    if ttft is not None and prefill is not None and ttft - prefill > 0:
+        parts.append(f"overhead {figure(ttft - prefill)}")
+    if prefill is not None and decode is not None and prefill + decode > 0:
+        share = 100.0 * prefill / (prefill + decode)
+        return [
+            *parts,
+            f"prefill {figure(prefill)} ({share:.0f} %)",
+            f"decode {figure(decode)} ({100 - share:.0f} %)",
+        ]
+    if prefill is not None:
+        parts.append(f"prefill {figure(prefill)}")
+    if ttft is not None and decode is not None:
+        parts.append(f"decode {figure(decode)}")
+    return parts
+
+
+def _title(kind: str, count: int, call: Mapping[str, Any]) -> str:
     name = "tool call" if kind == "tool" else kind
-    title = f"{name}: median of {count} by end-to-end time ({call['id']}): {_fmt(e2e)} ms"
+    call_id = call["id"] if call["id"] is not None else "no id"
+    title = f"{name}: median of {count} by end-to-end time ({call_id}): {figure(call['e2e_ms'])} ms"
+    parts = _title_parts(call["ttft_ms"], call["prefill_ms"], call["decode_ms"])
     if parts:
         title += ": " + " + ".join(parts) + " ms"
-    if rate:
-        title += f", {rate:.1f} tok/s"
-    ax.set_title(title, loc="left", fontsize=10)
+    if call["decode_tok_s"]:
+        title += f", {call['decode_tok_s']:.1f} tok/s"
+    return title
+
+
+def _style_axis(ax: Axes, e2e: float) -> None:
+    from matplotlib.ticker import StrMethodFormatter
+
     ax.set_xlim(0, e2e * 1.02)
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_ylim(-0.6, 1.3)

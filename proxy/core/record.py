@@ -115,11 +115,11 @@ def _sub(a: float | None, b: float | None) -> float | None:
 class Record:
     """One proxied request. Field names are fixed: the README documents each formula."""
 
-    # identity
-    id: str
-    ts: str
-    method: str
-    path: str
+    # identity (the proxy always sets these; a log from another harness may lack them)
+    id: str | None
+    ts: str | None
+    method: str | None
+    path: str | None
     model: str | None = None
     stream: bool | None = None
     kind: Kind = Kind.OTHER

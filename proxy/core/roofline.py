@@ -12,8 +12,8 @@ Every figure here except the measured decode rate is an *estimate*, and the text
 * a token costs 2 FLOP per parameter (one multiply-add), attention ignored;
 * the floor is the spec bandwidth; no board reaches 100 % of it.
 
-The seed's own figures (a 4 B model at 4.9 bit/weight on a Jetson Orin Nano 8 GB, 68 GB/s):
-2.45 GB per token, 10.7 tok/s = 93.5 ms per token = 26 GB/s moved; floor 36 ms per token =
+The Jetson measurement's figures (a 4 B model at 4.9 bit/weight on a Jetson Orin Nano 8 GB,
+68 GB/s): 2.45 GB per token, 10.7 tok/s = 93.5 ms per token = 26 GB/s moved; floor 36 ms per token =
 28 tok/s; the board runs at 2.6x the floor; prefill AI 333 and decode AI 3.3 against a
 ridge of 18 (fp32 peak 1.25 TFLOP/s); a 10-token tool call reads 24.5 GB.
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.core.boards import BOARD_PRESETS
+from proxy.core.numbers import figure
 from proxy.core.record import Record
 
 __all__ = [
@@ -179,7 +180,7 @@ def prefill_intensity(n_params: int, prompt_tokens: float, weight_bytes: float) 
     """FLOP per byte of weights when ``prompt_tokens`` share one pass over the weights:
     ``2 * n_params * tokens / weight_bytes`` (an estimate: attention and KV traffic ignored).
 
-    The seed's "AI = 100 tok x 2 flop / 0.6 B per weight = 333".
+    The Jetson measurement's "AI = 100 tok x 2 flop / 0.6 B per weight = 333".
     """
     return FLOP_PER_PARAM * n_params * prompt_tokens / weight_bytes
 
@@ -300,17 +301,8 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:,.2f} GB" if n_bytes < 10e9 else f"{n_bytes / 1e9:,.1f} GB"
 
 
-def _num(value: float) -> str:
-    """A figure with about three significant digits, as the seed writes them."""
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}" if abs(value) < 1 else f"{value:.1f}"
-
-
 _FAR = 4.0
-"""A factor at which ">" becomes ">>" (the seed: 333 >> 18 and 3.3 << 18)."""
+"""A factor at which ">" becomes ">>" (the measurement's 333 >> 18 and 3.3 << 18)."""
 
 
 def _side(intensity: float, ridge_point: float | None) -> str:
@@ -320,21 +312,165 @@ def _side(intensity: float, ridge_point: float | None) -> str:
         sign, side = (">>" if intensity >= _FAR * ridge_point else ">"), "compute side"
     else:
         sign, side = ("<<" if intensity * _FAR <= ridge_point else "<"), "memory side"
-    return f"{sign} ridge {_num(ridge_point)}: {side}"
-
-
-def _count(value: float) -> str:
-    return f"{value:,.0f}" if value == round(value) else _num(value)
+    return f"{sign} ridge {figure(ridge_point)}: {side}"
 
 
 _W = 12  # label column
 
 
+def _label(name: str, text: str) -> str:
+    return f"{name:<{_W}}{text}"
+
+
+def _model_lines(meta: ModelMeta) -> list[str]:
+    gb = _gb(meta.size_bytes)
+    name = f"{meta.name}: " if meta.name else ""
+    return [
+        _label(
+            "model",
+            f"{name}{meta.n_params / 1e9:.2f} B params x {meta.bits_per_weight:.2f}"
+            f" bit / 8 = {gb} of weights ({meta.source})",
+        ),
+        _label(
+            "per token",
+            f"{gb} read from DRAM per decoded token (est.: every weight once, KV cache ignored)",
+        ),
+    ]
+
+
+def _board_lines(board: Board | None, weights: float) -> list[str]:
+    """The board's spec figures and, with its bandwidth, the floor."""
+    if board is None:
+        return []
+    bandwidth, peak = board.bandwidth_gbs, board.peak_tflops
+    label = f"{board.name}: " if board.name else ""
+    bw = f"{bandwidth:g} GB/s" if bandwidth else "bandwidth unknown"
+    pk = f"{peak:g} TFLOP/s peak" if peak else "peak unknown"
+    lines = [_label("board", f"{label}{bw}, {pk} (spec)")]
+    floor = floor_ms_per_token(weights, bandwidth)
+    if floor is not None:
+        lines.append(
+            _label(
+                "floor",
+                f"{_gb(weights)} / {bandwidth:g} GB/s = {figure(floor)} ms per token"
+                f" = {figure(1000.0 / floor)} tok/s (est.)",
+            )
+        )
+    return lines
+
+
+def _decode_lines(kind: str, m: Medians, weights: float, floor: float | None) -> list[str]:
+    """A kind's measured decode rate, the GB/s it moves and how far above the floor."""
+    if not m.decode_tok_s:
+        return []
+    per_token = 1000.0 / m.decode_tok_s
+    gbs = decode_gbs(weights, m.decode_tok_s) or 0.0
+    moved = f"{_gb(weights)} / {figure(per_token)} ms = {figure(gbs)} GB/s moved (est.)"
+    ratio = roof_ratio(per_token, floor)
+    if ratio is not None and floor is not None:
+        moved += f"; {ratio:.1f}x the floor of {figure(floor)} ms (est.)"
+    return [
+        _label(
+            f"{kind} decode",
+            f"1 / {figure(m.decode_tok_s)} tok/s = {figure(per_token)} ms"
+            " per token (measured, median)",
+        ),
+        _label("", moved),
+    ]
+
+
+def _ridge_lines(board: Board | None) -> list[str]:
+    if board is None:
+        return []
+    ridge_point = ridge(board.peak_tflops, board.bandwidth_gbs)
+    if ridge_point is None:
+        return []
+    return [
+        _label(
+            "ridge",
+            f"{board.peak_tflops:g} TFLOP/s / {board.bandwidth_gbs:g} GB/s"
+            f" = {figure(ridge_point)} FLOP per byte (spec)",
+        )
+    ]
+
+
+def _prefill_lines(
+    meta: ModelMeta, medians: Mapping[str, Medians], ridge_point: float | None
+) -> list[str]:
+    """The prefill's arithmetic intensity for the median prompt (the tool kind's first)."""
+    prompt = next((m.prompt_n for _, m in _tool_first(medians) if m.prompt_n), None)
+    if not prompt:
+        return []
+    ai = prefill_intensity(meta.n_params, prompt, meta.size_bytes)
+    side = f"{_side(ai, ridge_point)} " if ridge_point is not None else ""
+    lines = [
+        _label(
+            "prefill AI",
+            f"{figure(prompt)} tok x 2 FLOP / {meta.bytes_per_weight:.2f} B per weight"
+            f" = {figure(ai)} FLOP per byte (est.)",
+        ),
+        _label("", f"{side}({figure(prompt)} = median prompt tokens evaluated, measured)"),
+    ]
+    if prompt > UBATCH_DEFAULT:
+        capped = prefill_intensity(meta.n_params, UBATCH_DEFAULT, meta.size_bytes)
+        lines.append(
+            _label(
+                "",
+                "llama-server evaluates at most --ubatch-size tokens per pass"
+                f" (512 by default): then AI <= {figure(capped)}",
+            )
+        )
+    return lines
+
+
+def _decode_ai_line(meta: ModelMeta, ridge_point: float | None) -> str:
+    ai = decode_intensity(meta.n_params, meta.size_bytes)
+    side = f" {_side(ai, ridge_point)}" if ridge_point is not None else ""
+    return _label(
+        "decode AI",
+        f"2 FLOP / {meta.bytes_per_weight:.2f} B per weight = {figure(ai)} FLOP per byte"
+        f" (est.){side}",
+    )
+
+
+def _tool_lines(weights: float, tool: Medians | None) -> list[str]:
+    """The DRAM traffic of the median tool call, and per character of its JSON."""
+    if tool is None or not tool.tool_call_tokens:
+        return []
+    calls = tool.tool_call_tokens
+    traffic = traffic_per_tool_call(weights, calls)
+    per_char = traffic_per_json_char(weights, calls, tool.json_chars)
+    lines = [
+        _label(
+            "tool call",
+            f"{figure(calls)} tokens x {_gb(weights)} = {_gb(traffic)} of DRAM"
+            " traffic for the median tool call (est.)",
+        )
+    ]
+    if per_char is not None and tool.json_chars:
+        lines.append(
+            _label(
+                "",
+                f"for {figure(tool.json_chars)} characters of JSON:"
+                f" {_gb(per_char)} per character (est.)",
+            )
+        )
+    else:
+        lines.append(
+            _label(
+                "",
+                "per character of JSON: unknown (the log does not carry the arguments' length)",
+            )
+        )
+    return lines
+
+
 def roofline_lines(
     meta: ModelMeta | None, board: Board | None, medians: Mapping[str, Medians]
 ) -> list[str]:
-    """The seed's roofline lines for ``report``: each estimate says "(est.)", each median
-    from the logs "(measured)", each data-sheet figure "(spec)".
+    """The roofline lines for ``report``, after the Jetson Orin Nano measurement's: each
+    estimate says "(est.)", each median from the logs "(measured)", each data-sheet figure
+    "(spec)". Figures are written by :func:`proxy.core.numbers.figure`.
 
     Empty when the model is unknown (the report prints how to give it instead).
     """
@@ -342,92 +478,19 @@ def roofline_lines(
         return []
     weights = meta.size_bytes
     bandwidth = board.bandwidth_gbs if board else None
-    peak = board.peak_tflops if board else None
-    ridge_point = ridge(peak, bandwidth)
+    ridge_point = ridge(board.peak_tflops, bandwidth) if board else None
     floor = floor_ms_per_token(weights, bandwidth)
-    bpw = meta.bytes_per_weight
-    gb = _gb(weights)
-    name = f"{meta.name}: " if meta.name else ""
-    lines = [
-        f"{'model':<{_W}}{name}{meta.n_params / 1e9:.2f} B params x {meta.bits_per_weight:.2f}"
-        f" bit / 8 = {gb} of weights ({meta.source})",
-        f"{'per token':<{_W}}{gb} read from DRAM per decoded token"
-        " (est.: every weight once, KV cache ignored)",
+    return [
+        *_model_lines(meta),
+        *_board_lines(board, weights),
+        *(line for kind, m in medians.items() for line in _decode_lines(kind, m, weights, floor)),
+        *_ridge_lines(board),
+        *_prefill_lines(meta, medians, ridge_point),
+        _decode_ai_line(meta, ridge_point),
+        *_tool_lines(weights, medians.get("tool")),
     ]
-    if board is not None:
-        label = f"{board.name}: " if board.name else ""
-        bw = f"{bandwidth:g} GB/s" if bandwidth else "bandwidth unknown"
-        pk = f"{peak:g} TFLOP/s peak" if peak else "peak unknown"
-        lines.append(f"{'board':<{_W}}{label}{bw}, {pk} (spec)")
-    if floor is not None:
-        lines.append(
-            f"{'floor':<{_W}}{gb} / {bandwidth:g} GB/s = {_num(floor)} ms per token"
-            f" = {_num(1000.0 / floor)} tok/s (est.)"
-        )
-    for kind, m in medians.items():
-        if not m.decode_tok_s:
-            continue
-        per_token = 1000.0 / m.decode_tok_s
-        gbs = decode_gbs(weights, m.decode_tok_s) or 0.0
-        lines.append(
-            f"{kind + ' decode':<{_W}}1 / {_num(m.decode_tok_s)} tok/s = {_num(per_token)} ms"
-            " per token (measured, median)"
-        )
-        line = f"{'':<{_W}}{gb} / {_num(per_token)} ms = {_num(gbs)} GB/s moved (est.)"
-        ratio = roof_ratio(per_token, floor)
-        if ratio is not None and floor is not None:
-            line += f"; {ratio:.1f}x the floor of {_num(floor)} ms (est.)"
-        lines.append(line)
-    if ridge_point is not None:
-        lines.append(
-            f"{'ridge':<{_W}}{peak:g} TFLOP/s / {bandwidth:g} GB/s"
-            f" = {_num(ridge_point)} FLOP per byte (spec)"
-        )
-    prompt = next((m.prompt_n for _, m in _tool_first(medians) if m.prompt_n), None)
-    if prompt:
-        ai = prefill_intensity(meta.n_params, prompt, weights)
-        lines.append(
-            f"{'prefill AI':<{_W}}{_count(prompt)} tok x 2 FLOP / {bpw:.2f} B per weight"
-            f" = {_num(ai)} FLOP per byte (est.)"
-        )
-        side = f"{_side(ai, ridge_point)} " if ridge_point is not None else ""
-        lines.append(
-            f"{'':<{_W}}{side}({_count(prompt)} = median prompt tokens evaluated, measured)"
-        )
-        if prompt > UBATCH_DEFAULT:
-            capped = prefill_intensity(meta.n_params, UBATCH_DEFAULT, weights)
-            lines.append(
-                f"{'':<{_W}}llama-server evaluates at most --ubatch-size tokens per pass"
-                f" (512 by default): then AI <= {_num(capped)}"
-            )
-    ai_dec = decode_intensity(meta.n_params, weights)
-    side = f" {_side(ai_dec, ridge_point)}" if ridge_point is not None else ""
-    lines.append(
-        f"{'decode AI':<{_W}}2 FLOP / {bpw:.2f} B per weight = {_num(ai_dec)} FLOP per byte"
-        f" (est.){side}"
-    )
-    tool = medians.get("tool")
-    if tool is not None and tool.tool_call_tokens:
-        calls = tool.tool_call_tokens
-        traffic = traffic_per_tool_call(weights, calls)
-        lines.append(
-            f"{'tool call':<{_W}}{_count(calls)} tokens x {gb} = {_gb(traffic)} of DRAM"
-            " traffic for the median tool call (est.)"
-        )
-        per_char = traffic_per_json_char(weights, calls, tool.json_chars)
-        if per_char is not None and tool.json_chars:
-            lines.append(
-                f"{'':<{_W}}for {_count(tool.json_chars)} characters of JSON:"
-                f" {_gb(per_char)} per character (est.)"
-            )
-        else:
-            lines.append(
-                f"{'':<{_W}}per character of JSON: unknown (the log does not carry the"
-                " arguments' length)"
-            )
-    return lines
 
 
 def _tool_first(medians: Mapping[str, Medians]) -> list[tuple[str, Medians]]:
-    """The tool kind first: the seed's prefill AI is the tool prompt's."""
+    """The tool kind first: the measurement's prefill AI is the tool prompt's."""
     return sorted(medians.items(), key=lambda item: item[0] != "tool")

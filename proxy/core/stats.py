@@ -16,7 +16,16 @@ from typing import Any
 
 from proxy.core.record import Kind, Record
 
-__all__ = ["SUMMARY_FIELDS", "Stats", "percentile", "summarize", "summarize_kind"]
+__all__ = [
+    "SUMMARY_FIELDS",
+    "Stats",
+    "cache_ratio",
+    "percentile",
+    "quantiles",
+    "summarize",
+    "summarize_cache",
+    "summarize_kind",
+]
 
 SUMMARY_FIELDS: tuple[str, ...] = (
     "ttft_ms",
@@ -47,8 +56,29 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return round(values[lo] + (values[hi] - values[lo]) * (pos - lo), 3)
 
 
-def _quantiles(ordered: list[float]) -> dict[str, float | None]:
+def quantiles(ordered: Sequence[float]) -> dict[str, float | None]:
+    """``{p50, p90, p99}`` of the sorted ``ordered`` (each ``None`` when it is empty)."""
     return {name: percentile(ordered, q) for name, q in QUANTILES}
+
+
+def cache_ratio(cache_n: int, prompt_tokens: int) -> dict[str, Any]:
+    """The ``cache`` object of ``/stats``: the sums and ``hit_ratio`` = sum of ``cache_n`` /
+    sum of prompt tokens (``None`` when no prompt token is known)."""
+    return {
+        "cache_n": cache_n,
+        "prompt_tokens": prompt_tokens,
+        "hit_ratio": round(cache_n / prompt_tokens, 6) if prompt_tokens else None,
+    }
+
+
+def summarize_cache(records: Iterable[Record]) -> dict[str, Any]:
+    """:func:`cache_ratio` over the records that know both ``cache_n`` and ``prompt_tokens``."""
+    cache_n = prompt_tokens = 0
+    for r in records:
+        if r.cache_n is not None and r.prompt_tokens is not None:
+            cache_n += r.cache_n
+            prompt_tokens += r.prompt_tokens
+    return cache_ratio(cache_n, prompt_tokens)
 
 
 def summarize_kind(
@@ -56,8 +86,8 @@ def summarize_kind(
 ) -> dict[str, Any]:
     """``count``, ``{p50, p90, p99}`` of each field over the known values, and the split.
 
-    The split is taken between the median prefill and the median decode, as the seed's
-    "796 ms of prefill and 1,265 ms of decode, 39 and 61 percent".
+    The split is taken between the median prefill and the median decode, as the Jetson
+    measurement's "796 ms of prefill and 1,265 ms of decode, 39 and 61 percent".
     """
     return _summarize_columns(
         len(records),
@@ -73,7 +103,7 @@ def _summarize_columns(count: int, columns: dict[str, list[float]]) -> dict[str,
     each column sorted."""
     out: dict[str, Any] = {"count": count}
     for name, values in columns.items():
-        out[name] = _quantiles(values)
+        out[name] = quantiles(values)
     pre = out.get("prefill_ms", {}).get("p50")
     dec = out.get("decode_ms", {}).get("p50")
     total = (pre or 0.0) + (dec or 0.0) if pre is not None and dec is not None else None
@@ -168,13 +198,7 @@ class Stats:
             "since": self.since,
             "outcomes": dict(self._outcomes),
             "kinds": {},
-            "cache": {
-                "cache_n": self._cache_n,
-                "prompt_tokens": self._prompt_tokens,
-                "hit_ratio": round(self._cache_n / self._prompt_tokens, 6)
-                if self._prompt_tokens
-                else None,
-            },
+            "cache": cache_ratio(self._cache_n, self._prompt_tokens),
         }
         for kind, rows in windows.items():
             columns: dict[str, list[float]] = {}

@@ -1,0 +1,311 @@
+"""The report document as a terminal table: fixed-width columns, units, thousands separators.
+
+Pure: a :func:`proxy.commands.report.summary.build_report` document in, text out. Times are
+written by :func:`proxy.core.numbers.figure_or_dash` (``2,061``, ``93.5``, ``4.25``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from proxy.commands.report.summary import COMPLETED_ONLY
+from proxy.core.numbers import figure_or_dash as _ms
+from proxy.core.stats import SUMMARY_FIELDS
+
+__all__ = ["render_text"]
+
+_Format = Callable[[float | None], str]
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _int(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} %"
+
+
+_ROWS: tuple[tuple[str, str, _Format], ...] = (
+    ("ttft_ms", "TTFT ms", _ms),
+    ("prefill_ms", "prefill ms", _ms),
+    ("decode_ms", "decode ms", _ms),
+    ("e2e_ms", "end-to-end ms", _ms),
+    ("decode_tok_s", "decode tok/s", _rate),
+    ("tool_call_ms", "tool call complete ms", _ms),
+    ("overhead_ms", "overhead ms", _ms),
+)
+_EXTRA_ROWS: tuple[tuple[str, str, _Format], ...] = (
+    ("prompt_n", "prompt tokens evaluated", _int),
+    ("tool_call_tokens", "tool-call tokens", _int),
+    ("tool_decode_tok_s", "tool-call decode tok/s", _rate),
+)
+_RUN_COLS: tuple[tuple[str, str, _Format], ...] = (
+    ("e2e_ms", "e2e ms", _ms),
+    ("tool_call_ms", "tool ms", _ms),
+    ("ttft_ms", "TTFT ms", _ms),
+    ("prefill_ms", "prefill ms", _ms),
+    ("decode_ms", "decode ms", _ms),
+    ("decode_tok_s", "tok/s", _rate),
+)
+
+_LABEL = 26
+_COL = 10
+_MISSING_SHOWN = 12
+"""How many missing fields the text names (``--json`` has them all)."""
+
+
+def _rows() -> list[tuple[str, str, _Format]]:
+    """The table rows: the known summary fields, then any other field ``/stats`` summarises."""
+    known = {name for name, _, _ in _ROWS}
+    rest = [(n, n, _ms if n.endswith("_ms") else _rate) for n in SUMMARY_FIELDS if n not in known]
+    return [*_ROWS, *rest, *_EXTRA_ROWS]
+
+
+def _table_row(label: str, cells: Sequence[str]) -> str:
+    return f"  {label:<{_LABEL}}" + "".join(f"{c:>{_COL}}" for c in cells)
+
+
+def _labelled(label: str, text: str) -> str:
+    return f"  {label:<{_LABEL}}{text}"
+
+
+def _percentile_lines(s: Mapping[str, Any]) -> list[str]:
+    lines = [_table_row("", ["p50", "p90", "p99"])]
+    for name, label, fmt in _rows():
+        q = s.get(name)
+        if isinstance(q, dict) and q.get("p50") is not None:
+            lines.append(_table_row(label, [fmt(q["p50"]), fmt(q["p90"]), fmt(q["p99"])]))
+    return lines
+
+
+def _split_lines(split: Mapping[str, Any]) -> list[str]:
+    if split["prefill_ms"] is None or split["decode_ms"] is None:
+        return []
+    return [
+        _labelled(
+            "split (medians)",
+            f"prefill {_ms(split['prefill_ms'])} ms ({_pct(split['prefill_pct'])})"
+            f" + decode {_ms(split['decode_ms'])} ms ({_pct(split['decode_pct'])})",
+        )
+    ]
+
+
+def _schema_lines(schema: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if schema["tokens"]["p50"] is not None:
+        sources = ", ".join(sorted(schema["source"])) or "unknown"
+        lines.append(
+            _labelled(
+                "schema tokens (p50)",
+                f"{_int(schema['tokens']['p50'])} (counted by: {sources})",
+            )
+        )
+    if schema["priced"]:
+        paid, saved = schema["paid_ms"], schema["saved_ms"]
+        lines.append(
+            _labelled(
+                "schema prefill paid",
+                f"{_ms(paid['total'])} ms in all, p50 {_ms(paid['p50'])} ms per call",
+            )
+        )
+        lines.append(
+            _labelled(
+                "schema prefill saved",
+                f"{_ms(saved['total'])} ms in all, p50 {_ms(saved['p50'])} ms per call"
+                f" ({schema['cached']} of {schema['priced']} calls with the schema cached)",
+            )
+        )
+    return lines
+
+
+def _valid_lines(valid: Mapping[str, int]) -> list[str]:
+    if not valid["of"]:
+        return []
+    extra = [f"{valid[k]} {k.replace('_', ' ')}" for k in ("invalid", "no_call") if valid[k]]
+    return [
+        _labelled(
+            "valid tool calls",
+            f"{valid['valid']} of {valid['of']}" + (f" ({', '.join(extra)})" if extra else ""),
+        )
+    ]
+
+
+def _cache_lines(cache: Mapping[str, Any]) -> list[str]:
+    if cache["hit_ratio"] is None:
+        return []
+    return [
+        _labelled(
+            "prompt cache hit ratio",
+            f"{100 * cache['hit_ratio']:.1f} %"
+            f" ({cache['cache_n']:,} of {cache['prompt_tokens']:,} prompt tokens)",
+        )
+    ]
+
+
+def _median_call_lines(call: Mapping[str, Any] | None) -> list[str]:
+    if call is None:
+        return []
+    parts = [f"{_ms(call['e2e_ms'])} ms end to end"]
+    if call["prefill_ms"] is not None and call["decode_ms"] is not None:
+        parts.append(f"prefill {_ms(call['prefill_ms'])} + decode {_ms(call['decode_ms'])} ms")
+    if call["predicted_n"] is not None:
+        parts.append(f"{call['predicted_n']} tokens")
+    name = call["id"] if call["id"] is not None else "(no id)"
+    return [_labelled("median call", f"{name}: " + ", ".join(parts))]
+
+
+def _kind_lines(kind: str, s: Mapping[str, Any]) -> list[str]:
+    outcomes = ", ".join(f"{n} {o}" for o, n in sorted(s["outcomes"].items()))
+    lines = [f"{kind}: {s['count']:,} requests ({outcomes or 'none'})"]
+    if not s["window"]:
+        return [*lines, "  no completed requests"]
+    return [
+        *lines,
+        *_percentile_lines(s),
+        *_split_lines(s["split"]),
+        *_schema_lines(s["schema"]),
+        *_valid_lines(s["tool_calls_valid"]),
+        *_cache_lines(s["cache"]),
+        *_median_call_lines(s["median_call"]),
+    ]
+
+
+def _spread_lines(rows: Sequence[Mapping[str, Any]], spread: Mapping[str, Any]) -> list[str]:
+    main = next((name for name in ("tool_call_ms", "e2e_ms") if spread.get(name)), None)
+    if main is None:
+        return []
+    sp = spread[main]
+    medians = " / ".join(_ms(row[main]) for row in rows if row[main] is not None)
+    return [
+        f"  spread between the runs' {main} medians: {medians} ms",
+        f"  max - min = {_ms(sp['ms'])} ms, {sp['pct']:.1f} % of the median run",
+    ]
+
+
+def _per_run_lines(kind: str, per_run: Mapping[str, Any]) -> list[str]:
+    rows = per_run["runs"]
+    cols = [c for c in _RUN_COLS if any(row[c[0]] is not None for row in rows)]
+    if not cols:
+        return []
+    width = max(12, *(len(row["name"]) for row in rows))
+    head = f"  {'run':<{width}}{'n':>6}" + "".join(f"{label:>{_COL + 2}}" for _, label, _ in cols)
+    lines = [f"{kind} per run (medians of completed requests)", head]
+    for row in rows:
+        lines.append(
+            f"  {row['name']:<{width}}{row['count']:>6,}"
+            + "".join(f"{fmt(row[name]):>{_COL + 2}}" for name, _, fmt in cols)
+        )
+    spread = per_run["spread"]
+    cells = ["-" if spread[name] is None else fmt(spread[name]["ms"]) for name, _, fmt in cols]
+    lines.append(f"  {'spread':<{width}}{'':>6}" + "".join(f"{c:>{_COL + 2}}" for c in cells))
+    return [*lines, *_spread_lines(rows, spread)]
+
+
+def _roofline_hint(report: Mapping[str, Any]) -> list[str]:
+    roof = report["roofline"]
+    need: list[str] = []
+    if roof["model"] is None:
+        need += [
+            "the model: --upstream URL (reads llama-server's /v1/models meta)",
+            "  or --model-size BYTES --params N",
+        ]
+    board = roof["board"]
+    if board is None or board["bandwidth_gbs"] is None or board["peak_tflops"] is None:
+        need += [
+            "the board: --board PRESET (e.g. jetson-orin-nano-8gb)",
+            "  or memory_bandwidth_gbs and peak_tflops in config.toml's [board]",
+        ]
+    if not need:
+        return []
+    return ["roofline: for the bandwidth floor and the ridge, give", *(f"  {n}" for n in need)]
+
+
+def _reasons(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(counts.items()))
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' if n != 1 else ''}"
+
+
+def _head(report: Mapping[str, Any]) -> str:
+    runs = report["runs"]
+    skipped = sum(report["skipped"].values())
+    head = f"timing-proxy report: {_plural(len(runs), 'run')}, {report['requests']:,} requests" + (
+        f" (kind {report['kind']})" if report["kind"] else " (chat and tool)"
+    )
+    if skipped:
+        head += f"; {_plural(skipped, 'line')} skipped ({_reasons(report['skipped'])})"
+    return head
+
+
+def _wrap(head: str, items: Sequence[str], width: int = 100) -> list[str]:
+    """``head`` and the comma-separated ``items`` in lines of at most ``width`` characters
+    (unless one item is longer), the next lines indented by two spaces."""
+    lines = [head.rstrip()]
+    for i, item in enumerate(items):
+        cell = item + ("," if i < len(items) - 1 else "")
+        if len(lines[-1]) + 1 + len(cell) > width:
+            lines.append("  " + cell)
+        else:
+            lines[-1] += " " + cell
+    return lines
+
+
+def _missing_lines(report: Mapping[str, Any]) -> list[str]:
+    """Which record fields the logs lacked and how often, and how such records count."""
+    missing: Mapping[str, int] = report["missing_fields"]
+    if not missing:
+        return []
+    named = [f"{name} {n:,}" for name, n in list(missing.items())[:_MISSING_SHOWN]]
+    more = len(missing) - len(named)
+    if more:
+        named.append(f"and {more} more (all in --json)")
+    return [
+        *_wrap("fields missing (read as unknown): ", named),
+        *(
+            f"{_plural(missing[name], 'record')} with no {name}: {how}"
+            for name, how in report["unknown"].items()
+        ),
+    ]
+
+
+def _roofline_lines(report: Mapping[str, Any]) -> list[str]:
+    roof_lines = report["roofline"]["lines"]
+    hint = _roofline_hint(report)
+    lines: list[str] = [""] if roof_lines or hint else []
+    if roof_lines:
+        lines.append(
+            "roofline (est. = an estimate; measured = a median from these logs;"
+            " spec = the board's data sheet)"
+        )
+        lines.extend(f"  {line}" for line in roof_lines)
+        if hint:
+            lines.append("")
+    return [*lines, *hint]
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The report as a terminal table (fixed-width columns, units, thousands separators)."""
+    lines = [_head(report)]
+    if report["models"]:
+        lines.append("model: " + ", ".join(report["models"]))
+    lines.extend(_missing_lines(report))
+    lines.append(f"{COMPLETED_ONLY};")
+    lines.append("prefill and decode are llama-server's clock, the other times the proxy's")
+    for kind, summary in report["kinds"].items():
+        lines.append("")
+        lines.extend(_kind_lines(kind, summary))
+    if len(report["runs"]) > 1:
+        for kind, per_run in report["per_run"].items():
+            block = _per_run_lines(kind, per_run)
+            if block:
+                lines.append("")
+                lines.extend(block)
+    lines.extend(_roofline_lines(report))
+    return "\n".join(lines) + "\n"

@@ -81,14 +81,18 @@ def llama_artifacts(request: pytest.FixtureRequest) -> LlamaArtifacts:
 
 @pytest.fixture(scope="session")
 def llama_server(
-    llama_artifacts: LlamaArtifacts, tmp_path_factory: pytest.TempPathFactory
+    llama_artifacts: LlamaArtifacts,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[LlamaServer]:
-    """A started llama-server (one slot, 4096 ctx, --metrics) shared by the session."""
+    """A started llama-server (one slot, 4096 ctx, --metrics) shared by the session; a
+    fallback to ``--no-repack`` after a start-up crash shows in the run's output."""
     server = LlamaServer(
         llama_artifacts.binary,
         llama_artifacts.model,
         llama_artifacts.template,
         log_dir=tmp_path_factory.mktemp("llama-server"),
+        log=terminal_log(request.config, "llama-server"),
     )
     try:
         server.start(timeout=START_TIMEOUT)

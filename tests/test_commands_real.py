@@ -73,7 +73,7 @@ class TestDemo:
 
     def test_demo_runs_end_to_end(self, llama_artifacts: LlamaArtifacts, tmp_path: Path) -> None:
         """`timing-proxy demo --no-wait` provisions from the cache, serves, benches and
-        prints a report and the URLs."""
+        prints a report and the URLs; the records name the model by its file stem."""
         out = subprocess.run(
             [
                 sys.executable,
@@ -101,4 +101,6 @@ class TestDemo:
         assert "timing-proxy report" in text
         assert "chat: 5 requests" in text and "tool: 5 requests" in text
         assert "/dashboard" in text and "base_url" in text
-        assert (tmp_path / "demo" / "requests.jsonl").stat().st_size > 0
+        requests = (tmp_path / "demo" / "requests.jsonl").read_text().splitlines()
+        completed = [r for r in map(json.loads, requests) if r["event"] == "request_completed"]
+        assert completed and {r["model"] for r in completed} == {llama_artifacts.model.stem}

@@ -1,17 +1,33 @@
-"""Command line: ``timing-proxy serve|report|bench|demo``. Parsing only; no business logic."""
+"""Command line: ``timing-proxy serve|report|bench|demo``. Parsing only; no business logic.
+
+A failure the user can cause (bad config, unreadable log, a port in use, a llama-server that
+will not start, a failed provisioning step) ends as one line, ``timing-proxy: error: ...``
+on stderr, and exit code 2; never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from proxy import __version__
+from proxy.commands.demo import DemoError
+from proxy.commands.provision import LlamaServerError, ProvisionError
 from proxy.commands.report import ReportError
 from proxy.config import ConfigError, load_config, parse_listen
 
-__all__ = ["main"]
+__all__ = ["error_line", "main"]
+
+USER_ERRORS = (ConfigError, ReportError, ProvisionError, LlamaServerError, DemoError, OSError)
+"""Failures the user can cause and fix: reported in one line, without a traceback."""
+
+LLAMA_ARG_HELP = (
+    "extra llama-server argument, repeatable; write it with '=' so a leading dash is kept: "
+    "--llama-arg=--no-repack --llama-arg=-t --llama-arg=1"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,8 +83,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--llama-port", type=int, default=8080, help="llama-server port (default 8080)"
     )
-    demo.add_argument("--out", default="demo-logs", help="folder for logs")
+    demo.add_argument(
+        "--out", default="demo-logs", help="folder for logs (default ./demo-logs, where you run it)"
+    )
     demo.add_argument("--no-wait", action="store_true", help="stop after the report")
+    demo.add_argument(
+        "--llama-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        dest="llama_args",
+        help=LLAMA_ARG_HELP,
+    )
     return parser
 
 
@@ -169,8 +195,24 @@ def _demo(args: argparse.Namespace) -> int:
             llama_port=args.llama_port,
             out_dir=args.out,
             wait=not args.no_wait,
+            llama_args=tuple(args.llama_args),
         )
     )
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line a user sees for ``exc``: its message's first line (later lines carry a
+    log's tail, whose path the first line names); a port in use says how to pick another."""
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return (
+            f"{exc.strerror or exc} (another process holds that port: choose another with "
+            "--listen HOST:PORT or [server] port in the config)"
+        )
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return f"{where}{exc.strerror}"
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = {"serve": _serve, "report": _report, "bench": _bench, "demo": _demo}
         return command[args.command](args)
-    except (ConfigError, ReportError) as exc:
-        print(f"timing-proxy: {exc}", file=sys.stderr)
+    except USER_ERRORS as exc:
+        print(f"timing-proxy: error: {error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

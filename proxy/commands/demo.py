@@ -2,6 +2,10 @@
 one's own. Provisions a real llama-server and Gemma 3 270M (cached after the first time),
 starts both servers, runs a short bench through the proxy, prints the report and leaves
 everything running with the URLs printed until Ctrl-C.
+
+llama-server gets the user's extra arguments (``--llama-arg``) and names the model by its
+file's stem (``--alias``); a failure the user can act on is a ``DemoError``,
+``LlamaServerError`` or ``ProvisionError`` whose first line says what to do.
 """
 
 from __future__ import annotations
@@ -17,7 +21,11 @@ from pathlib import Path
 
 from proxy.commands.ports import port_or_free
 
-__all__ = ["DemoOptions", "run_demo"]
+__all__ = ["DemoError", "DemoOptions", "run_demo"]
+
+
+class DemoError(RuntimeError):
+    """The demo's proxy did not come up (the message is one line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +39,8 @@ class DemoOptions:
     llama_port: int = 8080
     out_dir: str = "demo-logs"
     wait: bool = True
+    llama_args: tuple[str, ...] = ()
+    """Extra llama-server arguments, appended to the demo's own (``--no-repack``, ...)."""
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -41,9 +51,14 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
                 return
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"process exited with {proc.returncode}") from None
+                raise DemoError(
+                    f"timing-proxy serve exited with code {proc.returncode} before answering "
+                    f"{url} (its error is printed above)"
+                ) from None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not answer within {timeout} s") from None
+                raise DemoError(
+                    f"timing-proxy serve did not answer {url} within {timeout:g} s"
+                ) from None
             time.sleep(0.1)
 
 
@@ -67,7 +82,15 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
     template = None if opts.model else chat_template_path(log=log)
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    llama = LlamaServer(binary, model, template, port=port_or_free(opts.llama_port), log_dir=out)
+    llama = LlamaServer(
+        binary,
+        model,
+        template,
+        port=port_or_free(opts.llama_port),
+        extra_args=opts.llama_args,
+        log_dir=out,
+        log=lambda msg: say(f"[llama-server] {msg}"),
+    )
     say(f"starting llama-server on {llama.url} ...")
     llama.start(timeout=180)
     port = port_or_free(opts.listen_port)

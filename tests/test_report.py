@@ -6,9 +6,7 @@ import gzip
 import importlib.util
 import json
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ from proxy.commands.report import (
     ReportError,
     Run,
     build_report,
-    fetch_model_meta,
     load_runs,
     median_record,
     render_text,
@@ -575,62 +572,3 @@ class TestRunReport:
                 board=None,
                 meta=None,
             )
-
-
-class _Models(BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/v1/models" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture(name="models_server")
-def _models_server() -> Iterator[tuple[str, type[_Models]]]:
-    handler = type("Handler", (_Models,), {})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-class TestFetchModelMeta:
-    """fetch_model_meta: ModelInfo.fetch_blocking with its errors as ReportError, what
-    ``report --upstream`` and ``demo`` catch."""
-
-    def test_reads_meta(self, models_server: tuple[str, type[_Models]]) -> None:
-        """The upstream's /v1/models meta gives the model's size and parameter count."""
-        url, handler = models_server
-        handler.body = orjson.dumps(
-            {"data": [{"id": "m.gguf", "meta": {"size": 2_450_000_000, "n_params": 4_000_000_000}}]}
-        )
-        meta = fetch_model_meta(url + "/")
-        assert meta is not None and (meta.size_bytes, meta.name) == (2_450_000_000, "m.gguf")
-
-    def test_no_meta(self, models_server: tuple[str, type[_Models]]) -> None:
-        """A /v1/models answer without meta gives None."""
-        url, handler = models_server
-        handler.body = b'{"data": [{"id": "m"}]}'
-        assert fetch_model_meta(url) is None
-
-    def test_not_json(self, models_server: tuple[str, type[_Models]]) -> None:
-        """An answer that is not JSON is a ReportError."""
-        url, handler = models_server
-        handler.body = b"<html>"
-        with pytest.raises(ReportError, match="not JSON"):
-            fetch_model_meta(url)
-
-    def test_unreachable(self) -> None:
-        """An upstream that does not answer is a ReportError naming the URL."""
-        with pytest.raises(ReportError, match="/v1/models"):
-            fetch_model_meta("http://127.0.0.1:9", timeout_s=2.0)

@@ -18,10 +18,19 @@ from proxy.commands.demo import DemoError
 from proxy.commands.provision import LlamaServerError, ProvisionError
 from proxy.commands.report import ReportError
 from proxy.config import ConfigError, load_config, parse_listen
+from proxy.serve.model_info import ModelInfoError
 
 __all__ = ["error_line", "main"]
 
-USER_ERRORS = (ConfigError, ReportError, ProvisionError, LlamaServerError, DemoError, OSError)
+USER_ERRORS = (
+    ConfigError,
+    ReportError,
+    ModelInfoError,
+    ProvisionError,
+    LlamaServerError,
+    DemoError,
+    OSError,
+)
 """Failures the user can cause and fix: reported in one line, without a traceback."""
 
 LLAMA_ARG_HELP = (
@@ -139,9 +148,9 @@ def _board_and_meta(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.model_size and args.params:
         meta = ModelMeta(size_bytes=args.model_size, n_params=args.params, name=None)
     elif args.upstream:
-        from proxy.commands.report import fetch_model_meta
+        from proxy.serve.model_info import ModelInfo
 
-        meta = fetch_model_meta(args.upstream)
+        meta = ModelInfo.fetch_blocking(args.upstream)
     return board, meta
 
 

@@ -71,7 +71,8 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
         ensure_llama_server,
         ensure_model,
     )
-    from proxy.commands.report import ReportError, fetch_model_meta, run_report
+    from proxy.commands.report import run_report
+    from proxy.serve.model_info import ModelInfo, ModelInfoError
 
     def log(msg: str) -> None:
         say(f"[provision] {msg}")
@@ -116,8 +117,8 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
         say(f"timing-proxy on {proxy_url} -> {llama.url}; bench: {opts.runs} run(s)")
         files = run_bench(proxy_url, runs=opts.runs, out_dir=str(out))
         try:
-            meta = fetch_model_meta(llama.url)
-        except ReportError:
+            meta = ModelInfo.fetch_blocking(llama.url)
+        except ModelInfoError:
             meta = None
         say(
             run_report(

@@ -12,7 +12,7 @@ so the imports run one way.
 from __future__ import annotations
 
 from proxy.commands.report.errors import ReportError
-from proxy.commands.report.load import EVENT, Run, fetch_model_meta, load_runs
+from proxy.commands.report.load import EVENT, Run, load_runs
 from proxy.commands.report.render import render_text
 from proxy.commands.report.run import run_report
 from proxy.commands.report.summary import (
@@ -32,7 +32,6 @@ __all__ = [
     "ReportError",
     "Run",
     "build_report",
-    "fetch_model_meta",
     "load_runs",
     "median_call",
     "median_record",

@@ -8,8 +8,8 @@ are unknown (``None``, as ``null`` in the proxy's own log) and counted by name i
 :attr:`Run.missing`; a line without an ``outcome`` is read as ``completed`` and one without
 a ``kind`` as ``other`` (what the report does with them: :mod:`.summary`).
 
-I/O: :func:`load_runs` reads files (``.gz`` ones decompressed); :func:`fetch_model_meta`
-asks the upstream for the model's size through :mod:`proxy.serve.model_info`.
+I/O: :func:`load_runs` reads files (``.gz`` ones decompressed). The model's size for the
+roofline comes from :meth:`proxy.serve.model_info.ModelInfo.fetch_blocking`.
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ import orjson
 
 from proxy.commands.report.errors import ReportError
 from proxy.core.record import Record
-from proxy.core.roofline import ModelMeta
 
 __all__ = [
     "EVENT",
     "RECORD_FIELDS",
     "TIMING_FIELDS",
     "Run",
-    "fetch_model_meta",
     "load_runs",
 ]
 
@@ -152,16 +150,3 @@ def load_runs(paths: Sequence[str]) -> list[Run]:
         dataclasses.replace(_read_file(path), name=name)
         for path, name in zip(paths, _run_names(paths), strict=True)
     ]
-
-
-def fetch_model_meta(upstream_url: str, timeout_s: float = 5.0) -> ModelMeta | None:
-    """The served model's size from ``{upstream_url}/v1/models``:
-    :meth:`proxy.serve.model_info.ModelInfo.fetch_blocking`, its errors as :class:`ReportError`
-    (what ``report --upstream`` and ``demo`` catch). ``None`` when the answer has no ``meta``.
-    """
-    from proxy.serve.model_info import ModelInfo, ModelInfoError
-
-    try:
-        return ModelInfo.fetch_blocking(upstream_url, timeout_s=timeout_s)
-    except ModelInfoError as exc:
-        raise ReportError(str(exc)) from None

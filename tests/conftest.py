@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from proxy.commands.ports import free_port
 from proxy.commands.provision import LlamaServer
 from proxy.config import Config, load_config
 from proxy.core.record import Record
@@ -79,21 +79,30 @@ def make_proxy(aiohttp_client: Any) -> ProxyFactory:
     """
 
     async def start(upstream_url: str, **sections: dict[str, object]) -> ProxyUnderTest:
-        overrides: dict[str, dict[str, object]] = {
-            "upstream": {"url": upstream_url},
-            # look-ups would reach the fake too; tests of accounting switch it on
-            "accounting": {"enabled": False},
-        }
-        for name, values in sections.items():
-            overrides.setdefault(name, {}).update(values)
-        config = load_config(None, overrides)
-        app = build_app(config)
-        captured = Captured()
-        app[SINKS].append(captured.sink)
+        app, captured, config = proxy_app(upstream_url, **sections)
         client = await aiohttp_client(app)
         return ProxyUnderTest(client=client, app=app, captured=captured, config=config)
 
     return start
+
+
+def proxy_app(
+    upstream_url: str, **sections: dict[str, object]
+) -> tuple[web.Application, Captured, Config]:
+    """The proxy's app for ``upstream_url`` with config overrides per section, its records
+    captured. Accounting is off unless ``accounting={"enabled": True}`` is passed."""
+    overrides: dict[str, dict[str, object]] = {
+        "upstream": {"url": upstream_url},
+        # look-ups would reach the fake too; tests of accounting switch it on
+        "accounting": {"enabled": False},
+    }
+    for name, values in sections.items():
+        overrides.setdefault(name, {}).update(values)
+    config = load_config(None, overrides)
+    app = build_app(config)
+    captured = Captured()
+    app[SINKS].append(captured.sink)
+    return app, captured, config
 
 
 @pytest.fixture
@@ -104,12 +113,6 @@ async def proxied(
     upstream, server = fake
     proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
     return upstream, proxy
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -152,7 +155,7 @@ def proxy_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ProxyProcess]:
     """``python -m proxy serve`` in front of the real llama-server."""
-    port = _free_port()
+    port = free_port()
     folder = tmp_path_factory.mktemp("proxy")
     log_file = folder / "requests.jsonl"
     stderr = (folder / "stderr.txt").open("wb")
@@ -187,3 +190,13 @@ def proxy_process(
     proc.terminate()
     proc.wait(timeout=10)
     stderr.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Name the random test order's seed even under ``-q`` (pytest-randomly prints it only
+    in the header, which ``-q`` hides), so a failing order can be run again."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(
+            f"test order: pytest-randomly seed {seed} (again: -p randomly --randomly-seed={seed})"
+        )

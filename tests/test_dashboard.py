@@ -14,17 +14,20 @@ import random
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
+import pytest_asyncio
+from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.stats import Stats
 from proxy.serve.app import STATS
-from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.conftest import ProxyFactory, ProxyUnderTest, proxy_app
 from tests.fakes import FakeUpstream, load_recording, replay
 from tests.terminal import terminal_log
 
@@ -48,6 +51,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
 ]
 ROW = ".row[data-id]"
+
+pytestmark = pytest.mark.browser
 
 
 def _ci() -> bool:
@@ -73,8 +78,8 @@ def _artifacts() -> Path:
     return path
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+@asynccontextmanager
+async def _chromium() -> AsyncIterator[Browser]:
     """A headless Debian Chromium (never a downloaded one)."""
     if PLAYWRIGHT_MISSING is not None:
         _unavailable(PLAYWRIGHT_MISSING)
@@ -86,6 +91,57 @@ async def browser() -> AsyncIterator[Browser]:
             yield b
         finally:
             await b.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """A headless Debian Chromium for one test."""
+    async with _chromium() as b:
+        yield b
+
+
+@asynccontextmanager
+async def _served_proxy(
+    upstream_url: str, **sections: dict[str, object]
+) -> AsyncIterator[ProxyUnderTest]:
+    """The proxy on a test server, outside the function-scoped ``make_proxy`` fixture (for
+    the class-scoped fixtures that share one browser and one proxy between tests)."""
+    app, captured, config = proxy_app(upstream_url, **sections)
+    client: TestClient[Any, Any] = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        yield ProxyUnderTest(client=client, app=app, captured=captured, config=config)
+    finally:
+        await client.close()
+
+
+@dataclass
+class Shown:
+    """A proxy holding records, and the browser that opens its dashboard (one per class)."""
+
+    proxy: ProxyUnderTest
+    browser: Browser
+    ids: dict[str, str]  # what each record is -> its id, in the order they were made
+    shared: Page | None = None
+
+    @property
+    def page(self) -> Page:
+        """The page opened once for the class, for the tests that only read it."""
+        assert self.shared is not None
+        return self.shared
+
+    async def open(self) -> tuple[Page, list[str]]:
+        """A new page on the dashboard, once the newest record's row is on it; its errors."""
+        page = await _new_page(self.browser)
+        errors = _watch(page)
+        resp = await page.goto(self.proxy.url + "/dashboard")
+        assert resp is not None and resp.status == 200
+        newest = list(self.ids.values())[-1]
+        await page.wait_for_selector(f'.row[data-id="{newest}"]', timeout=10_000)
+        return page, errors
+
+    def record(self, name: str) -> Record:
+        return next(r for r in self.proxy.captured.records if r.id == self.ids[name])
 
 
 async def _new_page(browser: Browser) -> Page:
@@ -106,7 +162,7 @@ def _watch(page: Page) -> list[str]:
     return errors
 
 
-def _url(server: TestServer) -> str:
+def _url(server: BaseTestServer) -> str:
     return str(server.make_url("")).rstrip("/")
 
 
@@ -134,7 +190,13 @@ async def _send(
     )
     await resp.read()
     await _wait_records(proxy, before + 1)
-    return proxy.captured.records[-1].id
+    return _id(proxy.captured.records[-1])
+
+
+def _id(record: Record) -> str:
+    """The id of a record the proxy made (it always has one)."""
+    assert record.id is not None
+    return record.id
 
 
 async def _row_ids(page: Page) -> list[str]:
@@ -152,64 +214,100 @@ async def _count(page: Page, kind: str) -> str:
 # ------------------------------------------------------------------------------------------
 
 
-async def test_dashboard_shows_each_request_clock(
-    fake: tuple[FakeUpstream, TestServer],
-    make_proxy: ProxyFactory,
-    browser: Browser,
-    request: pytest.FixtureRequest,
-) -> None:
-    """Real requests through the proxy, then the page: one clock per request, the summary."""
-    upstream, server = fake
-    proxy = await make_proxy(_url(server))
-    ids: dict[str, str] = {}
-    # speed=1 keeps the recorded arrival times, so wall clocks and server clocks agree
-    for name in ("chat_stream", "tool_stream", "tool_nostream", "error_context"):
-        ids[name] = await _send(upstream, proxy, name, speed=1.0)
-    records = {r.id: r for r in proxy.captured.records}
+CLOCK_RECORDINGS = ("chat_stream", "tool_stream", "tool_nostream", "error_context")
 
-    page = await _new_page(browser)
-    errors = _watch(page)
-    resp = await page.goto(proxy.url + "/dashboard")
-    assert resp is not None and resp.status == 200
-    for rid in ids.values():
-        await page.wait_for_selector(f'.row[data-id="{rid}"]', timeout=5000)
 
-    # the rows are exactly the requests made here, newest first
-    assert await _row_ids(page) == list(reversed(ids.values()))
+@pytest.mark.asyncio(loop_scope="class")
+class TestRequestClocks:
+    """Real requests through the proxy (chat, tool, non-stream tool, upstream error), then
+    the dashboard: one clock per request and the summary."""
 
-    chat = page.locator(f'.row[data-id="{ids["chat_stream"]}"]')
-    tool = page.locator(f'.row[data-id="{ids["tool_stream"]}"]')
-    assert await chat.locator(".seg.prefill").count() == 1
-    assert await chat.locator(".tool-marker").count() == 0
-    chat_ticks = records[ids["chat_stream"]].predicted_n
-    assert await chat.locator(f'.ticks[data-ticks="{chat_ticks}"]').count() == 1
-    # the tool row: prefill, decode ticks, and the tool call marked as valid
-    assert await tool.locator(".seg.prefill").count() == 1
-    assert await tool.locator(".tool-marker.valid").count() == 1
-    assert await tool.locator(".seg.decode").count() == 1
-    nostream = page.locator(f'.row[data-id="{ids["tool_nostream"]}"]')
-    assert "non-stream" in (await nostream.text_content() or "")
-    assert await nostream.locator(".tool-marker").count() == 1
-    failed = page.locator(f'.row[data-id="{ids["error_context"]}"]')
-    assert "400" in (await failed.text_content() or "")
-    assert await failed.evaluate("r => r.classList.contains('err')")
+    @pytest_asyncio.fixture(scope="class", loop_scope="class")
+    async def shown(self) -> AsyncIterator[Shown]:
+        """The four requests made once through a proxy; one browser for the class."""
+        upstream = FakeUpstream()
+        async with TestServer(upstream.app) as server, _served_proxy(_url(server)) as proxy:
+            ids: dict[str, str] = {}
+            # speed=1 keeps the recorded arrival times, so wall and server clocks agree
+            for name in CLOCK_RECORDINGS:
+                ids[name] = await _send(upstream, proxy, name, speed=1.0)
+            async with _chromium() as browser:
+                shown = Shown(proxy, browser, ids)
+                shown.shared, _ = await shown.open()
+                yield shown
 
-    # the summary counts each kind
-    kinds = [str(r.kind) for r in proxy.captured.records]
-    assert await _count(page, "chat") == str(kinds.count(str(Kind.CHAT)))
-    assert await _count(page, "tool") == str(kinds.count(str(Kind.TOOL)))
-    assert await page.locator('.kindcard[data-kind="chat"] [data-field="split"]').count() == 1
+    async def test_rows_are_the_requests_newest_first(self, shown: Shown) -> None:
+        """The rows are exactly the requests made, newest first."""
+        page = shown.page
+        assert await _row_ids(page) == list(reversed(shown.ids.values()))
 
-    # the record of a row opens on click
-    await tool.click()
-    await page.wait_for_selector("#detail .kv")
-    assert ids["tool_stream"] in (await page.text_content("#detail") or "")
+    async def test_chat_row_has_prefill_and_a_tick_per_token(self, shown: Shown) -> None:
+        """A streamed chat's row: one prefill segment, one decode tick per predicted token,
+        no tool marker."""
+        page = shown.page
+        chat = page.locator(f'.row[data-id="{shown.ids["chat_stream"]}"]')
+        assert await chat.locator(".seg.prefill").count() == 1
+        assert await chat.locator(".tool-marker").count() == 0
+        ticks = shown.record("chat_stream").predicted_n
+        assert await chat.locator(f'.ticks[data-ticks="{ticks}"]').count() == 1
 
-    path = _artifacts() / "dashboard.png"
-    await page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 10_000
-    terminal_log(request.config, "dashboard")(f"dashboard screenshot: {path.resolve()}")
-    assert errors == []
+    async def test_tool_row_has_prefill_decode_and_a_valid_call(self, shown: Shown) -> None:
+        """A streamed tool call's row: prefill, decode, and the call marked valid."""
+        page = shown.page
+        tool = page.locator(f'.row[data-id="{shown.ids["tool_stream"]}"]')
+        assert await tool.locator(".seg.prefill").count() == 1
+        assert await tool.locator(".seg.decode").count() == 1
+        assert await tool.locator(".tool-marker.valid").count() == 1
+
+    async def test_non_stream_row_says_so_and_marks_its_call(self, shown: Shown) -> None:
+        """A non-streamed tool call's row is labelled non-stream and marks its call."""
+        page = shown.page
+        nostream = page.locator(f'.row[data-id="{shown.ids["tool_nostream"]}"]')
+        assert "non-stream" in (await nostream.text_content() or "")
+        assert await nostream.locator(".tool-marker").count() == 1
+
+    async def test_failed_request_row_shows_status_as_error(self, shown: Shown) -> None:
+        """A request the upstream refused (400) has an error row showing the status."""
+        page = shown.page
+        failed = page.locator(f'.row[data-id="{shown.ids["error_context"]}"]')
+        assert "400" in (await failed.text_content() or "")
+        assert await failed.evaluate("r => r.classList.contains('err')")
+
+    async def test_summary_counts_each_kind(self, shown: Shown) -> None:
+        """The summary cards count the requests of each kind and split the chat time."""
+        page = shown.page
+        kinds = [r.kind for r in shown.proxy.captured.records]
+        assert await _count(page, "chat") == str(kinds.count(Kind.CHAT))
+        assert await _count(page, "tool") == str(kinds.count(Kind.TOOL))
+        assert await page.locator('.kindcard[data-kind="chat"] [data-field="split"]').count() == 1
+
+    async def test_clicking_a_row_opens_its_record(self, shown: Shown) -> None:
+        """Clicking a row shows that request's record in the detail panel."""
+        page, _ = await shown.open()
+        await page.locator(f'.row[data-id="{shown.ids["tool_stream"]}"]').click()
+        await page.wait_for_selector("#detail .kv")
+        assert shown.ids["tool_stream"] in (await page.text_content("#detail") or "")
+
+    async def test_page_renders_a_screenshot(
+        self, shown: Shown, request: pytest.FixtureRequest
+    ) -> None:
+        """The page renders a non-trivial full-page screenshot (kept as an artefact)."""
+        page = shown.page
+        path = _artifacts() / "dashboard.png"
+        await page.screenshot(path=str(path), full_page=True)
+        assert path.stat().st_size > 10_000
+        terminal_log(request.config, "dashboard")(f"dashboard screenshot: {path.resolve()}")
+
+    async def test_page_logs_no_error(self, shown: Shown) -> None:
+        """Loading, polling and opening a record log no console error and raise nothing."""
+        page, errors = await shown.open()
+        await page.locator(f'.row[data-id="{shown.ids["chat_stream"]}"]').click()
+        await page.wait_for_selector("#detail .kv")
+        polls = await page.evaluate("window.timingProxyDashboard.polls")
+        await page.wait_for_function(
+            f"() => window.timingProxyDashboard.polls > {polls}", timeout=5000
+        )
+        assert errors == []
 
 
 async def test_dashboard_updates_live_and_pauses(
@@ -392,64 +490,116 @@ def _serve(
     return handler
 
 
-async def test_dashboard_stays_small_with_5000_records(
-    make_proxy: ProxyFactory, browser: Browser
-) -> None:
-    """5,000 recent records in the proxy's own /stats: fast, only visible rows in the DOM."""
+HOSTILE = '<img src=x onerror="window.__xss=1">'
+
+
+def _many_records() -> list[Record]:
+    """5,000 synthetic records, the newest a chat whose model name is markup."""
     records = _synthetic_records(5000)
-    hostile = '<img src=x onerror="window.__xss=1">'
     records[-1] = Record(
         **{
             **records[-1].to_dict(),
             "kind": Kind.CHAT,
             "outcome": Outcome.COMPLETED,
-            "model": hostile,
+            "model": HOSTILE,
         }
     )
-    proxy = await make_proxy("http://127.0.0.1:9", stats={"recent": 5000})
-    stats = proxy.app[STATS]
-    for r in records:
-        stats.add(r)
-    page = await _new_page(browser)
-    errors = _watch(page)
+    return records
 
-    t0 = time.perf_counter()
-    await page.goto(proxy.url + "/dashboard")
-    await page.wait_for_selector(f'.row[data-id="{records[-1].id}"]', timeout=10_000)
-    elapsed = time.perf_counter() - t0
-    diag = await page.evaluate("window.timingProxyDashboard")
-    # in the page: navigation start to the first document on screen (fetch, parse, render)
-    assert diag["firstDataMs"] < 2000, f"5,000 records on screen after {diag}"
-    assert elapsed < 5.0, f"goto to the first row took {elapsed:.2f} s ({diag})"
-    assert diag["applyMs"] < 1000, diag
-    assert diag["interval"] > 1000, "a 5,000-record /stats should be polled less often"
 
-    rows = await page.locator(ROW).count()
-    assert 0 < rows <= 80, f"{rows} row elements for 5,000 records"
-    assert await page.evaluate("document.getElementsByTagName('*').length") < 4000
-    # the newest record is on top; its hostile model name is text, not markup
-    assert (await _row_ids(page))[0] == records[-1].id
-    newest = page.locator(f'.row[data-id="{records[-1].id}"]')
-    assert hostile in (await newest.text_content() or "")
-    assert await page.evaluate("window.__xss === undefined")
-    assert await page.locator("#canvas img").count() == 0
-    # scrolling to the end renders the oldest record, still with a bounded DOM
-    await page.eval_on_selector("#viewport", "v => { v.scrollTop = v.scrollHeight; }")
-    await page.wait_for_selector(f'.row[data-id="{records[0].id}"]', timeout=5000)
-    assert await page.locator(ROW).count() <= 80
-    # filtering and the scale switch
-    await page.select_option("#fkind", "tool")
-    await page.wait_for_function(
-        "() => [...document.querySelectorAll('.row[data-id]')]"
-        ".every(r => r.dataset.kind === 'tool')"
-    )
-    assert 0 < await page.locator(ROW).count() <= 80
-    await page.select_option("#scale", "fit")
-    assert await page.locator(".row .tool-marker").count() > 0
-    assert await page.locator(".row .tool-marker.invalid").count() > 0
-    assert await _count(page, "tool") == f"{sum(r.kind is Kind.TOOL for r in records):,}"
-    await page.wait_for_timeout(1500)  # polls of the 5,000 records go on without errors
-    assert errors == []
+@pytest.mark.asyncio(loop_scope="class")
+class TestManyRecords:
+    """5,000 recent records in the proxy's own /stats: the page stays small and usable."""
+
+    RECORDS = _many_records()
+
+    @pytest_asyncio.fixture(scope="class", loop_scope="class")
+    async def shown(self) -> AsyncIterator[Shown]:
+        """A proxy whose /stats holds the 5,000 records; one browser for the class."""
+        async with _served_proxy("http://127.0.0.1:9", stats={"recent": 5000}) as proxy:
+            stats = proxy.app[STATS]
+            for r in self.RECORDS:
+                stats.add(r)
+            ids = {"oldest": _id(self.RECORDS[0]), "newest": _id(self.RECORDS[-1])}
+            async with _chromium() as browser:
+                shown = Shown(proxy, browser, ids)
+                shown.shared, _ = await shown.open()
+                yield shown
+
+    async def test_newest_record_is_the_first_row(
+        self, shown: Shown, request: pytest.FixtureRequest
+    ) -> None:
+        """The newest of 5,000 records is the first row (the page's timings are printed,
+        not asserted: they measure the shared machine as much as the page)."""
+        t0 = time.perf_counter()
+        page, _ = await shown.open()
+        elapsed = time.perf_counter() - t0
+        diag = await page.evaluate("window.timingProxyDashboard")
+        terminal_log(request.config, "dashboard")(
+            f"5,000 records: first row after {elapsed:.2f} s; first document on screen "
+            f"{diag['firstDataMs']:.0f} ms, applied in {diag['applyMs']:.0f} ms"
+        )
+        assert (await _row_ids(page))[0] == shown.ids["newest"]
+
+    async def test_large_document_is_polled_less_often(self, shown: Shown) -> None:
+        """A 5,000-record /stats is polled less often than every second."""
+        page = shown.page
+        assert (await page.evaluate("window.timingProxyDashboard"))["interval"] > 1000
+
+    async def test_only_visible_rows_are_in_the_dom(self, shown: Shown) -> None:
+        """Only the rows on screen are elements: a bounded DOM for 5,000 records."""
+        page = shown.page
+        rows = await page.locator(ROW).count()
+        assert 0 < rows <= 80, f"{rows} row elements for 5,000 records"
+        assert await page.evaluate("document.getElementsByTagName('*').length") < 4000
+
+    async def test_model_name_is_text_not_markup(self, shown: Shown) -> None:
+        """A model name holding markup is shown as text and never runs."""
+        page = shown.page
+        newest = page.locator(f'.row[data-id="{shown.ids["newest"]}"]')
+        assert HOSTILE in (await newest.text_content() or "")
+        assert await page.evaluate("window.__xss === undefined")
+        assert await page.locator("#canvas img").count() == 0
+
+    async def test_scrolling_to_the_end_shows_the_oldest(self, shown: Shown) -> None:
+        """Scrolled to the end, the oldest record is rendered, the DOM still bounded."""
+        page, _ = await shown.open()
+        await page.eval_on_selector("#viewport", "v => { v.scrollTop = v.scrollHeight; }")
+        await page.wait_for_selector(f'.row[data-id="{shown.ids["oldest"]}"]', timeout=5000)
+        assert await page.locator(ROW).count() <= 80
+
+    async def test_kind_filter_shows_only_that_kind(self, shown: Shown) -> None:
+        """Filtering by kind leaves only rows of that kind, still bounded."""
+        page, _ = await shown.open()
+        await page.select_option("#fkind", "tool")
+        await page.wait_for_function(
+            "() => [...document.querySelectorAll('.row[data-id]')]"
+            ".every(r => r.dataset.kind === 'tool')"
+        )
+        assert 0 < await page.locator(ROW).count() <= 80
+
+    async def test_fit_scale_marks_valid_and_invalid_calls(self, shown: Shown) -> None:
+        """Tool rows on the fit scale mark their calls, invalid ones apart."""
+        page, _ = await shown.open()
+        await page.select_option("#fkind", "tool")
+        await page.select_option("#scale", "fit")
+        await page.wait_for_selector(".row .tool-marker.invalid", timeout=5000)
+        assert await page.locator(".row .tool-marker").count() > 0
+
+    async def test_summary_counts_all_records(self, shown: Shown) -> None:
+        """The summary counts every record of the kind, not only the rendered ones."""
+        page = shown.page
+        tools = sum(r.kind is Kind.TOOL for r in self.RECORDS)
+        assert await _count(page, "tool") == f"{tools:,}"
+
+    async def test_polling_and_browsing_log_no_error(self, shown: Shown) -> None:
+        """Polls of the 5,000 records, scrolling and filtering log no error."""
+        page, errors = await shown.open()
+        await page.eval_on_selector("#viewport", "v => { v.scrollTop = v.scrollHeight; }")
+        await page.select_option("#fkind", "tool")
+        await page.select_option("#scale", "fit")
+        await page.wait_for_timeout(1500)  # the polls go on
+        assert errors == []
 
 
 async def test_dashboard_schema_table(make_proxy: ProxyFactory, browser: Browser) -> None:

@@ -34,6 +34,7 @@ import yaml
 from aiohttp import web
 
 from proxy.commands.cli import _parser
+from proxy.commands.ports import free_port
 from proxy.config import load_config, parse_listen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,12 +130,6 @@ def host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     assert parts.hostname is not None, url
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the files ---------------------------------------------------------------------------------

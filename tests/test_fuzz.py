@@ -1,7 +1,8 @@
 """Fuzz tests: the SSE framer, the tracker, the request analysis and the relay on hostile input.
 
 Property-based (hypothesis) with adversarial generators, plus a short run of each
-coverage-guided atheris harness in ``fuzz/``. The invariants live in ``fuzz/checks.py`` and
+coverage-guided atheris harness in ``fuzz/`` (marked ``load``: it fills every core for its
+time budget, so the fast inner loop leaves it out). The invariants live in ``fuzz/checks.py`` and
 are shared with those harnesses. ``TIMING_PROXY_SOAK=full`` multiplies the examples by 20 and
 runs each harness for 120 s; the number of inputs tried per target is printed at the end of
 the module (``[fuzz] ...`` lines) and attached to each test as a ``inputs`` property.
@@ -780,43 +781,72 @@ _HARNESSES = ("sse", "tracker", "request")
 _EXECS = re.compile(rb"stat::number_of_executed_units:\s*(\d+)|Done (\d+) runs in")
 
 
+def _start_harness(name: str, seconds: int, tmp_path: Path, sink: Path) -> subprocess.Popen[bytes]:
+    """Start atheris harness ``fuzz/fuzz_{name}.py`` for ``seconds``, its output to ``sink``
+    (a file, not a pipe: a full pipe would stall it)."""
+    corpus = tmp_path / f"corpus_{name}"
+    corpus.mkdir()
+    with sink.open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "fuzz" / f"fuzz_{name}.py"),
+                f"-max_total_time={seconds}",
+                "-timeout=10",
+                "-rss_limit_mb=2048",
+                "-print_final_stats=1",
+                f"-dict={REPO / 'fuzz' / 'llama.dict'}",
+                f"-artifact_prefix={tmp_path}/",
+                str(corpus),
+            ],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _harness_failure(
+    name: str, proc: subprocess.Popen[bytes], out: bytes, seconds: int, log: Callable[[str], None]
+) -> str | None:
+    """Log a finished harness's executions and known-bug hits; why it failed, or None."""
+    found = [int(a or b) for a, b in _EXECS.findall(out)]
+    execs = max(found) if found else 0
+    INPUTS[f"atheris_{name}"] += execs
+    log(f"atheris fuzz_{name}: {execs} executions in {seconds} s, exit {proc.returncode}")
+    for line in out.splitlines():
+        if line.startswith(b"INFO: known bug hit"):
+            log(f"  fuzz_{name}: {line.decode(errors='replace')}")
+    if proc.returncode != 0 or execs == 0:
+        return f"fuzz_{name} exited {proc.returncode}:\n" + out[-4000:].decode(errors="replace")
+    return None
+
+
+def _require_atheris() -> None:
+    """Skip without atheris, or fail where CI should have installed it."""
+    if importlib.util.find_spec("atheris") is not None:
+        return
+    # atheris ships wheels for Linux x86_64 only (none for a Jetson's aarch64)
+    if _ci() and sys.platform == "linux" and platform.machine() == "x86_64":
+        pytest.fail(
+            "atheris is not importable but CI is set: add it to the test extras "
+            "(atheris>=2.3; sys_platform == 'linux' and platform_machine == "
+            "'x86_64')",
+            pytrace=False,
+        )
+    pytest.skip("atheris is not installed (python fuzz/fuzz_sse.py --plain=10 needs none)")
+
+
+@pytest.mark.load  # a fixed time budget on every core: not for the fast inner loop
 def test_atheris_smoke(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Each atheris harness runs its time budget without a crash (all three at once)."""
-    if importlib.util.find_spec("atheris") is None:
-        # atheris ships wheels for Linux x86_64 only (none for a Jetson's aarch64)
-        if _ci() and sys.platform == "linux" and platform.machine() == "x86_64":
-            pytest.fail(
-                "atheris is not importable but CI is set: add it to the test extras "
-                "(atheris>=2.3; sys_platform == 'linux' and platform_machine == "
-                "'x86_64')",
-                pytrace=False,
-            )
-        pytest.skip("atheris is not installed (python fuzz/fuzz_sse.py --plain=10 needs none)")
+    _require_atheris()
     seconds = int(os.environ.get("TIMING_PROXY_FUZZ_SECONDS") or (120 if FULL else 10))
     log = terminal_log(request.config, "fuzz")
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = {name: tmp_path / f"fuzz_{name}.log" for name in _HARNESSES}
     try:
         for name in _HARNESSES:
-            corpus = tmp_path / f"corpus_{name}"
-            corpus.mkdir()
-            with logs[name].open("wb") as sink:  # a file, not a pipe: a full pipe would stall it
-                procs[name] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(REPO / "fuzz" / f"fuzz_{name}.py"),
-                        f"-max_total_time={seconds}",
-                        "-timeout=10",
-                        "-rss_limit_mb=2048",
-                        "-print_final_stats=1",
-                        f"-dict={REPO / 'fuzz' / 'llama.dict'}",
-                        f"-artifact_prefix={tmp_path}/",
-                        str(corpus),
-                    ],
-                    cwd=tmp_path,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
+            procs[name] = _start_harness(name, seconds, tmp_path, logs[name])
         deadline = time.monotonic() + seconds + 120
         for proc in procs.values():
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -825,21 +855,11 @@ def test_atheris_smoke(tmp_path: Path, request: pytest.FixtureRequest) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    outputs = {name: path.read_bytes() for name, path in logs.items()}
-    failures = []
-    for name, proc in procs.items():
-        out = outputs[name]
-        found = [int(a or b) for a, b in _EXECS.findall(out)]
-        execs = max(found) if found else 0
-        INPUTS[f"atheris_{name}"] += execs
-        log(f"atheris fuzz_{name}: {execs} executions in {seconds} s, exit {proc.returncode}")
-        for line in out.splitlines():
-            if line.startswith(b"INFO: known bug hit"):
-                log(f"  fuzz_{name}: {line.decode(errors='replace')}")
-        if proc.returncode != 0 or execs == 0:
-            failures.append(
-                f"fuzz_{name} exited {proc.returncode}:\n" + out[-4000:].decode(errors="replace")
-            )
+    failures = [
+        failure
+        for name, proc in procs.items()
+        if (failure := _harness_failure(name, proc, logs[name].read_bytes(), seconds, log))
+    ]
     assert not failures, "\n\n".join(failures)
 
 

@@ -111,7 +111,7 @@ def test_the_core_does_no_io() -> None:
         for node in ast.walk(tree):
             called = node.func if isinstance(node, ast.Call) else None
             if isinstance(called, ast.Name) and called.id in IO_CALLS:
-                found.append(f"{name}:{node.lineno} calls {node.func.id}()")
+                found.append(f"{name}:{called.lineno} calls {called.id}()")
     assert found == []
 
 

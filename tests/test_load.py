@@ -11,13 +11,16 @@ small pause between them, so streams overlap, and answers non-stream requests wi
 
 Both check: every client got exactly the upstream's bytes, every request is recorded
 (``request_completed`` lines in the log file and ``/stats`` ``requests``), ``/stats`` answers
-during the load (polled from its own process, next to a trivial path on the same event loop
-to tell the loop's queueing from the ``/stats`` work) and within 200 ms right after it, and
-the proxy's RSS (``/proc/PID/status`` VmRSS) stays flat: at most 30 MB over the start (after
-a warm-up), and no growth once the ``/stats`` windows are full. The figures are printed as
-``[load] ...`` lines. CI runs a bounded version (about 60 s of
-streams, 20,000 soak requests); ``TIMING_PROXY_SOAK=full`` runs 5 minutes of streams and
-100,000 soak requests.
+every poll during the load and after it with a correct document (polled from its own
+process, next to a trivial path on the same event loop to tell the loop's queueing from the
+``/stats`` work), and the proxy's RSS (``/proc/PID/status`` VmRSS) stays flat: at most 30 MB
+over the start (after a warm-up), and no growth once the ``/stats`` windows are full (the
+streams go on until at least three RSS samples are taken after that point). The ``/stats``
+latencies are printed as ``[load] ...`` lines but only bounded functionally (10 s): on a
+shared 2-core machine they measure the machine's other load as much as the proxy;
+``bench/stats_stall.py`` measures the ``/stats`` build's stall of the event loop. CI runs a
+bounded version (about 60 s of streams, 20,000 soak requests); ``TIMING_PROXY_SOAK=full``
+runs 5 minutes of streams and 100,000 soak requests.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import contextlib
 import functools
 import http.client
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -42,8 +44,11 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.commands.ports import free_port
 from tests.fakes import DONE, SSE_HEADERS, chat_event, load_recording, make_timings
 from tests.terminal import terminal_log
+
+pytestmark = pytest.mark.load
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
 REPO = Path(__file__).resolve().parent.parent
@@ -55,14 +60,22 @@ STREAM_GAP_MS = int(os.environ.get("TIMING_PROXY_LOAD_GAP_MS") or 5)  # between 
 SOAK_REQUESTS = 100_000 if FULL else 20_000
 SOAK_CONCURRENCY = 50
 SOAK_EVENTS = 4  # tokens per soak stream, no pause
-#: /stats latency while the load saturates the 2 cores (proxy, client, upstream and poller
-#: share them): the proxy's event loop queues it behind the streams (a trivial path on the
-#: same loop waits as long), so these bounds only catch a /stats that is stuck or O(history)
-STATS_P50_LOADED_S = 0.5
-STATS_P99_LOADED_S = float(os.environ.get("TIMING_PROXY_STATS_P99_MS") or 1500) / 1000
-#: /stats p99 right after the load, its windows full (10,000 records per kind)
-STATS_P99_IDLE_S = 0.2
+#: a functional bound, not a figure: every /stats poll, under load or after it, answers a
+#: correct document within this time. Under load the proxy's event loop queues /stats behind
+#: the streams, and on a shared 2-core machine the latency measures the machine's other load
+#: as much as the proxy: the figures are printed, bench/stats_stall.py measures the stall
+STATS_ANSWER_S = 10.0
 RSS_SLACK_MB = 30.0
+#: the log events of a healthy run: the start, the upstream check at start, the records
+EXPECTED_EVENTS = frozenset({"proxy_started", "upstream_ok", "request_completed"})
+#: the /stats windows hold 10,000 records per kind; RSS samples after this many requests
+#: show whether memory still grows once they are full, and at least this many are needed
+SETTLED_AFTER = 12_000
+SETTLED_SAMPLES = 3
+RSS_SAMPLE_S = 5.0
+#: the stream test goes on past STREAM_SECONDS (at most this much longer) until it has
+#: SETTLED_SAMPLES RSS samples after SETTLED_AFTER requests
+STREAM_EXTRA_S = 300.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,7 +144,7 @@ def _serve_upstream(port_file: str) -> None:
     from aiohttp import web
 
     with contextlib.suppress(ImportError):  # a faster loop if there is one: keep it fast
-        import uvloop
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
 
         uvloop.install()
     models = load_recording("models").body
@@ -180,12 +193,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024.0
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
@@ -264,7 +271,7 @@ def _start_proxy(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """``python -m proxy serve`` on a free port, as in production; retried if the port is taken."""
     for attempt in range(3):  # the free port may be taken between the probe and the bind
-        port = _free_port()
+        port = free_port()
         with stderr_file.open("wb") as err:
             proxy = subprocess.Popen(
                 [
@@ -359,12 +366,26 @@ def get(url: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         conn.close()
 
 
+def _stats_failure(status: int, body: bytes) -> str | None:
+    """Why a ``/stats`` answer is wrong, or None: a 200 with a document counting requests."""
+    if status != 200:
+        return f"status {status}"
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return f"not JSON: {body[:80]!r}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), int):
+        return f"no request count: {body[:80]!r}"
+    return None
+
+
 def _poll_stats(url: str, interval: float) -> None:
     """Subprocess body: poll ``/stats`` and a trivial reserved path until stdin closes.
 
-    Prints one JSON object: the latencies of each path in seconds, and the failures. The
-    trivial path (``/stats/records/none``, a 404 from the same event loop) shows how much of
-    the ``/stats`` latency is the loop's queueing rather than the ``/stats`` work.
+    Prints one JSON object: the latencies of each path in seconds, and the failures (an
+    error, no answer within ``STATS_ANSWER_S``, or a wrong answer). The trivial path
+    (``/stats/records/none``, a 404 from the same event loop) shows how much of the
+    ``/stats`` latency is the loop's queueing rather than the ``/stats`` work.
     """
     stop = threading.Event()
 
@@ -379,13 +400,17 @@ def _poll_stats(url: str, interval: float) -> None:
         for key, path, want in (("stats", "/stats", 200), ("trivial", "/stats/records/none", 404)):
             t = time.perf_counter()
             try:
-                status, body = get(url, path)
+                status, body = get(url, path, timeout=STATS_ANSWER_S)
             except OSError as exc:
                 out["failures"].append(f"{path}: {type(exc).__name__}")
                 continue
             out[key].append(time.perf_counter() - t)
-            if status != want or not body.startswith(b"{"):
-                out["failures"].append(f"{path}: status {status}")
+            if key == "stats":
+                failure = _stats_failure(status, body)
+            else:
+                failure = None if status == want else f"status {status}"
+            if failure is not None:
+                out["failures"].append(f"{path}: {failure}")
     sys.stdout.write(orjson.dumps(out).decode() + "\n")
 
 
@@ -430,9 +455,6 @@ class StatsPoller:
     def _quantile(values: list[float], q: float) -> float:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-    def quantile(self, q: float) -> float:
-        return self._quantile(self.latencies, q)
 
     def summary(self) -> str:
         def ms(values: list[float]) -> str:
@@ -485,11 +507,11 @@ async def _drive(
     concurrency: int,
     make: Callable[[int], tuple[bytes, bytes]],
     *,
-    until: float | None = None,
+    until: Callable[[], bool] | None = None,
     total: int | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> Tally:
-    """``concurrency`` workers send requests until the deadline or the total count."""
+    """``concurrency`` workers send requests until ``until()`` is true or the total count."""
     tally = Tally()
     counter = iter(range(total if total is not None else 1 << 62))
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -498,7 +520,7 @@ async def _drive(
 
         async def worker() -> None:
             for i in counter:
-                if until is not None and time.monotonic() >= until:
+                if until is not None and until():
                     return
                 body, expected = make(i)
                 await _one(session, url, body, expected, tally)
@@ -529,7 +551,7 @@ def _check_records(stack: Stack, sent: int, log: Callable[[str], None]) -> None:
     status, body = get_stats(stack.url)
     assert status == 200
     stats = orjson.loads(body)
-    others = {k: v for k, v in events.items() if k not in ("request_completed", "proxy_started")}
+    others = {k: v for k, v in events.items() if k not in EXPECTED_EVENTS}
     log(
         f"recorded: {events['request_completed']} request_completed lines for {sent} requests, "
         f"/stats requests={stats['requests']}, outcomes {dict(outcomes)}, other log events "
@@ -543,22 +565,34 @@ def _check_records(stack: Stack, sent: int, log: Callable[[str], None]) -> None:
     assert "Traceback" not in stderr, stderr[-3000:]
 
 
-def _idle_stats_latency(url: str, polls: int = 20) -> list[float]:
-    """``/stats`` latencies once the load has stopped (its windows full)."""
+def _idle_stats_latency(url: str, sent: int, polls: int = 20) -> list[float]:
+    """``/stats`` latencies once the load has stopped (its windows full); each poll answers
+    (within ``STATS_ANSWER_S``) a document counting the ``sent`` requests."""
     out = []
     for _ in range(polls):
         t = time.perf_counter()
-        status, _ = get_stats(url)
+        status, body = get_stats(url, timeout=STATS_ANSWER_S)
         out.append(time.perf_counter() - t)
-        assert status == 200
+        assert _stats_failure(status, body) is None, _stats_failure(status, body)
+        assert orjson.loads(body)["requests"] == sent
     return sorted(out)
 
 
+def _settled(samples: list[tuple[float, int, float]]) -> list[float]:
+    """The RSS samples (MB) taken once the /stats windows were full."""
+    return [mb for _, n, mb in samples if n >= SETTLED_AFTER]
+
+
 def _assert_settled(samples: list[tuple[float, int, float]]) -> None:
-    """Once the /stats windows are full (10,000 records per kind), RSS must stop growing."""
-    settled = [mb for _, n, mb in samples if n >= 12_000]
-    if len(settled) >= 3:
-        assert settled[-1] <= settled[0] + 10.0, f"RSS still growing after the windows: {settled}"
+    """Once the /stats windows are full (10,000 records per kind), RSS must stop growing;
+    a run with too few samples after that point cannot show it and fails."""
+    settled = _settled(samples)
+    assert len(settled) >= SETTLED_SAMPLES, (
+        f"only {len(settled)} RSS samples after {SETTLED_AFTER} requests (need "
+        f"{SETTLED_SAMPLES}): the run was too short to show RSS settling; samples "
+        f"(s, requests, MB): {samples}"
+    )
+    assert settled[-1] <= settled[0] + 10.0, f"RSS still growing after the windows: {settled}"
 
 
 def _report_rss(log: Callable[[str], None], samples: list[tuple[float, int, float]]) -> None:
@@ -571,7 +605,8 @@ def _report_rss(log: Callable[[str], None], samples: list[tuple[float, int, floa
 
 
 async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) -> None:
-    """200 concurrent streams for a while: exact bytes, all recorded, /stats fast, flat RSS."""
+    """200 concurrent streams for a while: exact bytes, all recorded, /stats answering, and
+    RSS flat, also once the /stats windows are full."""
     log = terminal_log(request.config, "load")
     body = request_body(True, STREAM_EVENTS, STREAM_GAP_MS)
     expected = stream_body(STREAM_EVENTS)
@@ -590,19 +625,25 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
 
     async def sample_rss() -> None:
         while True:
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(RSS_SAMPLE_S)
             samples.append((time.monotonic() - t0, sent_so_far[0], stack.rss_mb()))
 
     def progress(n: int) -> None:
         sent_so_far[0] = warm.sent + n
 
+    def finished() -> bool:
+        """STREAM_SECONDS done and RSS sampled enough once the windows were full (or the
+        extra time is up: then ``_assert_settled`` says the run was too short)."""
+        elapsed = time.monotonic() - t0
+        if elapsed >= STREAM_SECONDS + STREAM_EXTRA_S:
+            return True
+        return elapsed >= STREAM_SECONDS and len(_settled(samples)) >= SETTLED_SAMPLES
+
     with StatsPoller(stack.url) as poller:
         sampler = asyncio.ensure_future(sample_rss())  # noqa: TID251 (held, cancelled below)
         try:
-            async with asyncio.timeout(STREAM_SECONDS + 120):
-                tally = await _drive(
-                    stack.url, STREAMS, make, until=t0 + STREAM_SECONDS, on_progress=progress
-                )
+            async with asyncio.timeout(STREAM_SECONDS + STREAM_EXTRA_S + 120):
+                tally = await _drive(stack.url, STREAMS, make, until=finished, on_progress=progress)
         finally:
             sampler.cancel()
     elapsed = time.monotonic() - t0
@@ -624,22 +665,20 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
     assert not tally.errors, tally.first_errors
     assert tally.ok == tally.sent > STREAMS
     _check_records(stack, sent, log)
-    idle = _idle_stats_latency(stack.url)
+    idle = _idle_stats_latency(stack.url, sent)
     log(
         f"streams: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
         f"{1000 * idle[-1]:.1f} ms"
     )
     assert not poller.failures, poller.failures
-    assert len(poller.latencies) >= 10
-    assert poller.quantile(0.5) <= STATS_P50_LOADED_S, "/stats too slow under load"
-    assert poller.quantile(0.99) <= STATS_P99_LOADED_S, "/stats too slow under load"
-    assert idle[-1] <= STATS_P99_IDLE_S, "/stats slow even without load"
+    assert len(poller.latencies) >= 10, "/stats was hardly polled during the load"
     assert rss_end <= rss_start + RSS_SLACK_MB, "the proxy's memory grew under load"
     _assert_settled(samples)
 
 
 async def test_soak(stack: Stack, request: pytest.FixtureRequest) -> None:
-    """A soak of short stream and non-stream requests: no errors, all recorded, flat RSS."""
+    """A soak of short stream and non-stream requests: no errors, all recorded, /stats
+    answering, and RSS flat, also once the /stats windows are full."""
     log = terminal_log(request.config, "load")
     cases = [
         (request_body(False, 0, 0), NONSTREAM_BODY),
@@ -688,15 +727,13 @@ async def test_soak(stack: Stack, request: pytest.FixtureRequest) -> None:
     assert not tally.errors, tally.first_errors
     assert tally.ok == tally.sent == SOAK_REQUESTS
     _check_records(stack, sent, log)
-    idle = _idle_stats_latency(stack.url)
+    idle = _idle_stats_latency(stack.url, sent)
     log(
         f"soak: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
         f"{1000 * idle[-1]:.1f} ms"
     )
     assert not poller.failures, poller.failures
-    assert poller.quantile(0.5) <= STATS_P50_LOADED_S, "/stats too slow under load"
-    assert poller.quantile(0.99) <= STATS_P99_LOADED_S, "/stats too slow under load"
-    assert idle[-1] <= STATS_P99_IDLE_S, "/stats slow even without load"
+    assert poller.latencies, "/stats was never polled during the soak"
     assert rss_end <= rss_start + RSS_SLACK_MB, "the proxy's memory grew during the soak"
     _assert_settled(samples)
 

@@ -175,7 +175,8 @@ class TestUpstreamKey:
         async def guarded(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
             if request.path == "/metrics" and request.headers.get("Authorization") != "Bearer k":
                 return web.json_response({"error": {"code": 401}}, status=401)
-            return await chat(request, seen)
+            response: web.StreamResponse = await chat(request, seen)
+            return response
 
         upstream.script = guarded
         url = str(server.make_url("")).rstrip("/")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -60,17 +61,20 @@ TOOL_ARGS: dict[str, Any] = {
 WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
-def _sdk(base: str) -> OpenAI:
-    return OpenAI(base_url=base + "/v1", api_key="sk-none", max_retries=0)
+def _sdk(base: str, api_key: str = "sk-none") -> OpenAI:
+    return OpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0)
 
 
 @dataclass
 class StreamResult:
+    """What the client received from one streamed request."""
+
     request_id: str
     content: str
     tool_calls: dict[int, dict[str, str]]
     timings: dict[str, Any] | None
     ttft_ms: float | None
+    finish_reason: str | None = None
 
 
 def _stream(client: OpenAI, **kwargs: Any) -> StreamResult:
@@ -80,11 +84,13 @@ def _stream(client: OpenAI, **kwargs: Any) -> StreamResult:
     content = ""
     calls: dict[int, dict[str, str]] = {}
     timings = None
+    finish_reason = None
     for chunk in raw.parse():
         extra = chunk.model_extra or {}
         if "timings" in extra:
             timings = extra["timings"]
         for choice in chunk.choices:
+            finish_reason = choice.finish_reason or finish_reason
             delta = choice.delta
             if (delta.content or delta.tool_calls) and ttft is None:
                 ttft = (time.perf_counter() - t0) * 1000
@@ -95,7 +101,8 @@ def _stream(client: OpenAI, **kwargs: Any) -> StreamResult:
                     call["name"] = tc.function.name
                 if tc.function and tc.function.arguments:
                     call["arguments"] += tc.function.arguments
-    return StreamResult(raw.headers.get(REQUEST_ID_HEADER, ""), content, calls, timings, ttft)
+    request_id = raw.headers.get(REQUEST_ID_HEADER, "")
+    return StreamResult(request_id, content, calls, timings, ttft, finish_reason)
 
 
 def _assert_record_matches_timings(record: dict[str, Any], timings: dict[str, Any]) -> None:
@@ -104,6 +111,54 @@ def _assert_record_matches_timings(record: dict[str, Any], timings: dict[str, An
     assert record["cache_n"] == timings["cache_n"]
     assert record["prompt_n"] == timings["prompt_n"]
     assert record["predicted_n"] == timings["predicted_n"]
+
+
+def _valid_call(call: dict[str, str], names: set[str]) -> bool:
+    """A call names one of the request's tools and its arguments are a JSON object."""
+    try:
+        args = json.loads(call["arguments"])
+    except json.JSONDecodeError:
+        return False
+    return call["name"] in names and isinstance(args, dict)
+
+
+def _assert_tool_record(
+    record: dict[str, Any], received: StreamResult, tools: list[dict[str, Any]]
+) -> None:
+    """The record's tool-call fields say what the client received, whatever the model chose
+    to answer (a call, several, or plain text)."""
+    calls = list(received.tool_calls.values())
+    assert record["kind"] == "tool"
+    assert record["finish_reason"] == received.finish_reason
+    assert record["tool_calls"] == len(calls)
+    if not calls:
+        assert record["tool_call_valid"] is None and record["tool_call_ms"] is None
+        assert record["tool_call_tokens"] is None and record["tool_args_chars"] is None
+        return
+    names = {tool["function"]["name"] for tool in tools}
+    assert record["tool_call_valid"] is all(_valid_call(call, names) for call in calls)
+    assert record["tool_args_chars"] == sum(len(call["arguments"]) for call in calls)
+    assert record["ttft_ms"] <= record["tool_call_ms"] <= record["e2e_ms"]
+    ends_with_call = received.finish_reason == "tool_calls"
+    assert record["tool_call_tokens"] == (record["predicted_n"] if ends_with_call else None)
+
+
+def _warm(llama_server: LlamaServer, **kwargs: Any) -> None:
+    """Send a request once straight to llama-server, so that the direct and proxied runs
+    compared next both find its prompt cached: a cold and a warm prefill can round
+    differently and make a small model answer differently at temperature 0."""
+    _sdk(llama_server.url).chat.completions.create(**kwargs)
+
+
+def _occupy_slot(llama_server: LlamaServer) -> None:
+    """Fill llama-server's one slot with an unrelated prompt, so the next request's prompt
+    shares no cached prefix with whatever an earlier test sent."""
+    _sdk(llama_server.url).chat.completions.create(
+        model="gemma",
+        messages=[{"role": "user", "content": f"Count to three. {time.time_ns()}"}],
+        max_tokens=1,
+        temperature=0,
+    )
 
 
 class TestThroughTheProxy:
@@ -117,6 +172,7 @@ class TestThroughTheProxy:
             "max_tokens": 16,
             "temperature": 0,
         }
+        _warm(llama_server, **kwargs)
         direct = _stream(_sdk(llama_server.url), **kwargs)
         proxied = _stream(_sdk(proxy_process.url), **kwargs)
         assert proxied.content == direct.content and proxied.content
@@ -126,8 +182,9 @@ class TestThroughTheProxy:
         assert record["kind"] == "chat" and record["outcome"] == "completed"
         assert record["stream"] is True and record["status"] == 200
         assert proxied.ttft_ms is not None and record["ttft_ms"] is not None
-        # the test's clock starts before the SDK sends; the proxy's when it has the request
-        assert 0 <= proxied.ttft_ms - record["ttft_ms"] < 25, (proxied.ttft_ms, record["ttft_ms"])
+        # the test's clock starts before the SDK sends and stops after the proxy relayed the
+        # token; the proxy's clock spans llama-server's prefill (bench/ measures the overhead)
+        assert proxied.ttft_ms >= record["ttft_ms"] >= record["prefill_ms"]
         assert record["overhead_ms"] == pytest.approx(
             record["ttft_ms"] - record["prefill_ms"], abs=1e-3
         )
@@ -135,22 +192,19 @@ class TestThroughTheProxy:
     def test_streamed_tool_call(
         self, proxy_process: ProxyProcess, llama_server: LlamaServer
     ) -> None:
-        """A streamed tool call gives the same call as direct; the record counts and times it."""
+        """A streamed tool request answers the same through the proxy as direct; the record
+        counts, checks and times the calls the client received, whatever the model chose."""
         kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q, **TOOL_ARGS}
+        _warm(llama_server, **kwargs)
         direct = _stream(_sdk(llama_server.url), **kwargs)
         proxied = _stream(_sdk(proxy_process.url), **kwargs)
-        assert len(proxied.tool_calls) == 1
-        call = proxied.tool_calls[0]
-        assert call["name"] == direct.tool_calls[0]["name"] == "get_weather"
-        assert json.loads(call["arguments"]) == json.loads(direct.tool_calls[0]["arguments"])
-        assert json.loads(call["arguments"])["city"] == "Paris"
+        assert proxied.tool_calls == direct.tool_calls
+        assert proxied.content == direct.content
+        assert proxied.finish_reason == direct.finish_reason is not None
         assert proxied.timings is not None
         record = proxy_process.record(proxied.request_id)
         _assert_record_matches_timings(record, proxied.timings)
-        assert record["kind"] == "tool"
-        assert record["tool_calls"] == 1 and record["tool_call_valid"] is True
-        assert record["finish_reason"] == "tool_calls"
-        assert record["ttft_ms"] <= record["tool_call_ms"] <= record["e2e_ms"]
+        _assert_tool_record(record, proxied, TOOL_ARGS["tools"])
 
     def test_non_streamed_chat(
         self, proxy_process: ProxyProcess, llama_server: LlamaServer
@@ -162,6 +216,7 @@ class TestThroughTheProxy:
             "max_tokens": 12,
             "temperature": 0,
         }
+        _warm(llama_server, **kwargs)
         direct = _sdk(llama_server.url).chat.completions.create(**kwargs)
         raw = _sdk(proxy_process.url).chat.completions.with_raw_response.create(**kwargs)
         proxied = raw.parse()
@@ -197,24 +252,38 @@ class TestThroughTheProxy:
         assert r2["prefill_ms"] < r1["prefill_ms"] or r1["cache_n"] > 0
 
     def test_log_never_holds_prompt_or_completion_text(self, proxy_process: ProxyProcess) -> None:
-        """The log file, /stats and /metrics have the records but none of the prompts,
-        completions, tool arguments or the API key."""
-        text = proxy_process.log_file.read_text()
-        assert "request_completed" in text
-        pages = [text]
+        """After a chat and a tool request, the log file, /stats and /metrics have their
+        records but none of the prompts, completions, tool arguments or the API key."""
+        nonce = str(time.time_ns())
+        api_key = f"sk-secret-{nonce}"
+        client = _sdk(proxy_process.url, api_key=api_key)
+        chat_prompt = f"Name three colours. ({nonce})"
+        tool_prompt = f"What is the weather in Paris right now? ({nonce})"
+        chat = _stream(
+            client,
+            model="gemma",
+            messages=[{"role": "user", "content": chat_prompt}],
+            max_tokens=16,
+            temperature=0,
+        )
+        tool = _stream(
+            client, model="gemma", messages=[{"role": "user", "content": tool_prompt}], **TOOL_ARGS
+        )
+        for result in (chat, tool):
+            proxy_process.record(result.request_id, within=15)
+        pages = [proxy_process.log_file.read_text()]
         for path in ("/stats", "/metrics"):
             with urllib.request.urlopen(proxy_process.url + path, timeout=10) as resp:
                 pages.append(resp.read().decode())
+        assert chat.request_id in pages[0] and tool.request_id in pages[0]
         assert '"kinds"' in pages[1] and "gen_ai_server_time_to_first_token" in pages[2]
+        secrets = {chat_prompt, tool_prompt, "Paris right now", api_key, '"city"'}
+        # completions short enough to be any text ("Red") would match by chance
+        secrets |= {text for text in (chat.content, tool.content) if len(text.strip()) >= 8}
+        secrets |= {call["arguments"] for call in tool.tool_calls.values() if call["arguments"]}
+        escaped = {json.dumps(secret)[1:-1] for secret in secrets}  # as inside a JSON string
         for page in pages:
-            for secret in (
-                "Paris right now",
-                "Name three colours",
-                "terse robot",
-                "sk-none",
-                '\\"city\\"',
-                '"city"',
-            ):
+            for secret in secrets | escaped:
                 assert secret not in page
 
 
@@ -239,6 +308,7 @@ class TestSchemaAccounting:
         self, proxy_process: ProxyProcess, llama_server: LlamaServer
     ) -> None:
         """A new schema is charged on the cold request and free on an identical repeat."""
+        _occupy_slot(llama_server)
         tools = _nonce_tools(str(time.time_ns()))
         kwargs: dict[str, Any] = {
             "model": "gemma",
@@ -296,38 +366,63 @@ class TestSchemaAccounting:
         assert any(e["id"] == again["id"] for e in flagged)
 
     def test_tool_call_tokens(self, proxy_process: ProxyProcess, llama_server: LlamaServer) -> None:
-        """tool_args_tokens equals /tokenize of the call's arguments; the call's tokens are
-        predicted_n when the turn ends with the call."""
+        """tool_args_tokens is /tokenize of the arguments the client received (null without a
+        call); the call's tokens are predicted_n when the turn ends with a call."""
         kwargs: dict[str, Any] = {"model": "gemma", "messages": WEATHER_Q, **TOOL_ARGS}
         result = _stream(_sdk(proxy_process.url), **kwargs)
         record = proxy_process.record(result.request_id, within=15)
-        assert record["finish_reason"] == "tool_calls"
-        args = result.tool_calls[0]["arguments"]
-        tokens = _post_json(
-            llama_server.url + "/tokenize", {"content": args, "add_special": False}
-        )["tokens"]
-        assert record["tool_args_tokens"] == len(tokens)
+        _assert_tool_record(record, result, TOOL_ARGS["tools"])
+        assert record["accounting_error"] is None
+        calls = list(result.tool_calls.values())
+        if not calls:  # the model answered in text: nothing to count
+            assert record["tool_args_tokens"] is None
+            return
+        tokens = sum(
+            len(
+                _post_json(
+                    llama_server.url + "/tokenize",
+                    {"content": call["arguments"], "add_special": False},
+                )["tokens"]
+            )
+            for call in calls
+        )
+        assert record["tool_args_tokens"] == tokens
         assert record["tool_args_tokens_source"] == "server"
-        assert record["tool_call_tokens"] == record["predicted_n"]
-        assert record["tool_decode_tok_s"] is not None and record["tool_decode_tok_s"] > 0
+        if record["tool_call_tokens"] is not None and record["tool_call_tokens"] > 1:
+            assert record["tool_decode_tok_s"] is not None and record["tool_decode_tok_s"] > 0
 
 
 class TestMetricsReal:
     """A Prometheus scrape after real requests."""
 
     def test_metrics_after_real_requests(self, proxy_process: ProxyProcess) -> None:
-        """The TTFT histogram counts every streamed request; llama-server's metrics are there."""
+        """After a streamed request, the TTFT histogram counts every streamed request in the
+        log; llama-server's metrics are there."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        with urllib.request.urlopen(proxy_process.url + "/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        families = {f.name: f for f in text_string_to_metric_families(text)}
-        counted = sum(
-            s.value
-            for s in families["gen_ai_server_time_to_first_token_seconds"].samples
-            if s.name.endswith("_count")
+        result = _stream(
+            _sdk(proxy_process.url),
+            model="gemma",
+            messages=[{"role": "user", "content": "Say yes."}],
+            max_tokens=4,
+            temperature=0,
         )
-        with_ttft = [r for r in proxy_process.records().values() if r["ttft_ms"] is not None]
+        assert proxy_process.record(result.request_id)["ttft_ms"] is not None
+        deadline = time.monotonic() + 10  # a record and its histogram sample land together
+        while True:
+            with urllib.request.urlopen(proxy_process.url + "/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            counted = sum(
+                s.value
+                for s in families["gen_ai_server_time_to_first_token_seconds"].samples
+                if s.name.endswith("_count")
+            )
+            records = proxy_process.records().values()
+            with_ttft = [r for r in records if r["ttft_ms"] is not None]
+            if counted == len(with_ttft) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert counted == len(with_ttft) > 0
         assert "llamacpp:prompt_tokens" in families
         assert families["timing_proxy_upstream_metrics_up"].samples[0].value == 1

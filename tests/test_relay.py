@@ -6,6 +6,7 @@ import asyncio
 import base64
 import re
 import time
+from collections.abc import Generator
 from typing import Any
 
 import aiohttp
@@ -415,7 +416,12 @@ class TestObservation:
             )
         builds = []
         steps = stats.snapshot_steps
-        monkeypatch.setattr(stats, "snapshot_steps", lambda: builds.append(1) or steps())
+
+        def counted() -> Generator[None, None, dict[str, Any]]:
+            builds.append(1)
+            return steps()
+
+        monkeypatch.setattr(stats, "snapshot_steps", counted)
         resps = await asyncio.gather(*(proxy.client.get("/stats") for _ in range(4)))
         bodies = [await r.read() for r in resps]
         assert all(r.status == 200 for r in resps)

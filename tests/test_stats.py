@@ -240,6 +240,7 @@ class TestStats:
             )
         steps = stats.snapshot_steps()
         yields = 0
+        doc: dict[str, Any] = {}
         while True:
             try:
                 next(steps)

@@ -74,13 +74,34 @@ class SSEFramer:
             chunk = self._normalise(chunk)
         if not chunk:
             return out
-        pos = 0
-        if self._buf or self._discarding:
-            pos = self._close_open_line(chunk)
-            if pos < 0:
-                return out
-        pos = self._scan(chunk, pos, out)
-        if pos < len(chunk):  # an unterminated line remains
+        pos = self._close_open_line(chunk) if self._buf or self._discarding else 0
+        if pos < 0:
+            return out
+        # the hot loop stays inline: llama-server's one-line events take the fast path
+        n = len(chunk)
+        cap = self.max_event_bytes
+        find = chunk.find
+        startswith = chunk.startswith
+        while pos < n:
+            i = find(b"\n", pos)
+            if i < 0:
+                break
+            if i == pos:
+                self._blank(out)
+                pos += 1
+            elif (
+                not self._dirty
+                and startswith(b"\n", i + 1)
+                and startswith(b"data:", pos)
+                and i - pos <= cap
+            ):  # fast path: a whole one-line ``data:`` event
+                s = pos + 6 if startswith(b" ", pos + 5) else pos + 5
+                out.append(SSEEvent(chunk[s:i], "message", self._last_id))
+                pos = i + 2
+            else:
+                self._line(chunk[pos:i])
+                pos = i + 1
+        if pos < n:  # an unterminated line remains
             self._hold(memoryview(chunk)[pos:])
         self.events += len(out)
         return out
@@ -121,34 +142,6 @@ class SSEFramer:
             self._buf.clear()
             self._line(line)
         return i + 1
-
-    def _scan(self, chunk: bytes, pos: int, out: list[SSEEvent]) -> int:
-        """Dispatch the whole lines of ``chunk`` from ``pos``; where the unterminated rest
-        starts."""
-        n = len(chunk)
-        cap = self.max_event_bytes
-        find = chunk.find
-        startswith = chunk.startswith
-        while pos < n:
-            i = find(b"\n", pos)
-            if i < 0:
-                break
-            if i == pos:
-                self._blank(out)
-                pos += 1
-            elif (
-                not self._dirty
-                and startswith(b"\n", i + 1)
-                and startswith(b"data:", pos)
-                and i - pos <= cap
-            ):  # fast path: a whole one-line ``data:`` event
-                s = pos + 6 if startswith(b" ", pos + 5) else pos + 5
-                out.append(SSEEvent(chunk[s:i], "message", self._last_id))
-                pos = i + 2
-            else:
-                self._line(chunk[pos:i])
-                pos = i + 1
-        return pos
 
     def _hold(self, rest: bytes | memoryview) -> None:
         """Keep the start of an unterminated line, within the event's byte cap."""

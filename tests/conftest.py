@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -113,6 +114,14 @@ async def proxied(
     upstream, server = fake
     proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
     return upstream, proxy
+
+
+@pytest.fixture
+def refusing_url() -> Iterator[str]:
+    """The URL of a port that is bound but not listening: every connection is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @dataclass

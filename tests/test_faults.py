@@ -36,6 +36,7 @@ from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 import proxy.serve.app
+from proxy.commands.ports import free_port
 from proxy.commands.provision import LlamaServer
 from proxy.config import Config, load_config
 from proxy.core.headers import REQUEST_ID_HEADER
@@ -637,9 +638,7 @@ class TestGracefulShutdown:
         config_file = tmp_path / "config.toml"
         config_file.write_text("[server]\nshutdown_drain_s = 1.0\n")
         log_file = tmp_path / "requests.jsonl"
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
+        port = free_port(HOST)
         url = f"http://{HOST}:{port}"
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

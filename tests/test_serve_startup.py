@@ -20,14 +20,6 @@ from proxy.config import Config, load_config
 from proxy.serve.keys import BACKGROUND
 
 
-@pytest.fixture
-def refusing_url() -> Iterator[str]:
-    """The URL of a port that is bound but not listening: every connection is refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
 @pytest.fixture(autouse=True)
 def _unfreeze() -> Iterator[None]:
     """``run`` freezes the collector's generations at start-up; give them back after."""

@@ -4,12 +4,9 @@ cause, and each refused request's 502 body, record and log line say the same in 
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import pytest
 from structlog.testing import capture_logs
 
 from proxy.config import load_config
@@ -20,14 +17,6 @@ from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, json_response
 
 CHAT_BODY = b'{"messages":[{"role":"user","content":"hi"}]}'
-
-
-@pytest.fixture
-def refusing_url() -> Iterator[str]:
-    """The URL of a port that is bound but not listening: every connection is refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 async def _failure(url: str) -> BaseException:

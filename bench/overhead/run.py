@@ -35,6 +35,7 @@ from bench.overhead.rig import Bench
 from bench.overhead.robots import measure_robot_load
 from bench.overhead.throughput import measure_throughput
 from bench.overhead.tracker_cost import tracker_cpu
+from proxy.core.timestamps import iso_utc
 
 Step = Callable[[Bench], Awaitable[dict[str, Any]]]
 STEP_FUNCTIONS: list[tuple[str, Step]] = [
@@ -109,7 +110,7 @@ def run_header(
     """What the results say about the run before any step: time, command, machine, args,
     paths and their pids."""
     return {
-        "timestamp": stamp.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "timestamp": iso_utc(stamp, timespec="seconds"),
         "command": command_line(),
         "machine": machine,
         "args": {

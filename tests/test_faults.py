@@ -35,7 +35,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-import proxy.serve.app
 from proxy.commands.ports import free_port
 from proxy.commands.provision import LlamaServer
 from proxy.config import Config, load_config
@@ -59,6 +58,7 @@ from tests.fakes import (
     slow_steady,
     sse,
 )
+from tests.run_app import run_app_arguments
 
 Fake = tuple[FakeUpstream, TestServer]
 
@@ -249,21 +249,6 @@ async def raw_upstream() -> AsyncIterator[
 
 # --------------------------------------------------------------------------------------------
 # The proxy started the way production starts it
-
-
-def run_app_arguments(
-    config: Config, monkeypatch: pytest.MonkeyPatch
-) -> tuple[web.Application, dict[str, Any]]:
-    """Call ``proxy.serve.app.run(config)`` with ``web.run_app`` replaced: app and kwargs."""
-    got: dict[str, Any] = {}
-
-    def fake_run_app(app: web.Application, **kwargs: Any) -> None:
-        got.update(kwargs, app=app)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(web, "run_app", fake_run_app)  # the module proxy.serve.app calls it from
-        proxy.serve.app.run(config)
-    return got.pop("app"), got
 
 
 _RUNNER_ARGS = frozenset(

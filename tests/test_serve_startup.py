@@ -9,7 +9,6 @@ import errno
 import gc
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from aiohttp import web
@@ -18,6 +17,7 @@ from structlog.testing import capture_logs
 import proxy.serve.app
 from proxy.config import Config, load_config
 from proxy.serve.keys import BACKGROUND
+from tests.run_app import run_app_arguments
 
 
 @pytest.fixture(autouse=True)
@@ -38,21 +38,6 @@ def _config(upstream_url: str, port: int = 0) -> Config:
     )
 
 
-def _run_app_arguments(
-    config: Config, monkeypatch: pytest.MonkeyPatch
-) -> tuple[web.Application, dict[str, Any]]:
-    """Call ``run(config)`` with ``web.run_app`` replaced: the app and its keyword arguments."""
-    got: dict[str, Any] = {}
-
-    def fake_run_app(app: web.Application, **kwargs: Any) -> None:
-        got.update(kwargs, app=app)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(web, "run_app", fake_run_app)
-        proxy.serve.app.run(config)
-    return got.pop("app"), got
-
-
 class TestStartedAndStopped:
     """The start and stop lines, and what comes between them."""
 
@@ -62,7 +47,7 @@ class TestStartedAndStopped:
         """Start-up hooks log nothing; ``run_app`` calls ``print`` once every site listens,
         which logs ``proxy_started`` and then checks the upstream in the background (here:
         one ``upstream_unreachable`` warning); cleanup logs ``proxy_stopped``."""
-        app, kwargs = _run_app_arguments(_config(refusing_url), monkeypatch)
+        app, kwargs = run_app_arguments(_config(refusing_url), monkeypatch)
         runner = web.AppRunner(app, handler_cancellation=True)
         with capture_logs() as logs:
             await runner.setup()
@@ -85,7 +70,7 @@ class TestStartedAndStopped:
         self, monkeypatch: pytest.MonkeyPatch, refusing_url: str
     ) -> None:
         """An app cleaned up without ever listening logs no ``proxy_stopped``."""
-        app, _ = _run_app_arguments(_config(refusing_url), monkeypatch)
+        app, _ = run_app_arguments(_config(refusing_url), monkeypatch)
         runner = web.AppRunner(app)
         with capture_logs() as logs:
             await runner.setup()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from proxy.core.dialects import CHAT_COMPLETIONS, DIALECTS, dialect_for
+from proxy.core.record import ServerTimings
 from proxy.core.request import analyse_request
 from proxy.core.tracker import StreamTracker
 
@@ -64,3 +66,40 @@ def test_the_tracker_reads_with_the_dialect_it_is_given() -> None:
     custom.feed(body)
     assert default.finish().token_events == 1
     assert custom.finish().token_events == 2
+
+
+def test_usage_counts_from_several_events_are_joined() -> None:
+    """A dialect that states the prompt counts at the start and the output count at the end
+    (as Anthropic Messages does) gets all three in the observation; a later count wins."""
+
+    def usage(obj: dict[str, Any]) -> ServerTimings | None:
+        u = obj.get("u")
+        return ServerTimings(**u) if isinstance(u, dict) else None
+
+    start = re.compile(rb'"u"')
+    other = dataclasses.replace(CHAT_COMPLETIONS, interesting=start, usage=usage)
+    tracker = StreamTracker(0.0, sse=True, clock=lambda: 1.0, dialect=other)
+    tracker.feed(
+        sse(
+            b'{"u":{"prompt_n":5,"cache_n":216,"predicted_n":0}}',
+            b'{"content":"x"}',
+            b'{"u":{"predicted_n":64}}',
+        )
+    )
+    assert tracker.finish().timings == ServerTimings(prompt_n=5, cache_n=216, predicted_n=64)
+
+
+def test_the_end_of_a_stream_is_the_dialects() -> None:
+    """``[DONE]`` ends a Chat Completions stream; a dialect without it never reads it as
+    the end."""
+    body = sse(b'{"content":"a"}', b"[DONE]")
+    chat = StreamTracker(0.0, sse=True, clock=lambda: 1.0)
+    other = StreamTracker(
+        0.0,
+        sse=True,
+        clock=lambda: 1.0,
+        dialect=dataclasses.replace(CHAT_COMPLETIONS, end_data=None),
+    )
+    chat.feed(body)
+    other.feed(body)
+    assert chat.finish().done and not other.finish().done

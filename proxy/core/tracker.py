@@ -15,6 +15,7 @@ response.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 
 from proxy.core.dialects import CHAT_COMPLETIONS, Dialect, ToolDelta
-from proxy.core.record import ServerTimings, valid_count
+from proxy.core.record import ServerTimings
 from proxy.core.sse import SSEFramer
 
 __all__ = ["Clock", "Observation", "StreamTracker", "ToolCall"]
@@ -91,6 +92,7 @@ class StreamTracker:
         bytes and times are observed, and the counts of events and calls stay unknown.
         ``dialect`` is the API whose events these are."""
         self._dialect = dialect
+        self._end_data = dialect.end_data
         self._carries_token = dialect.token.search
         self._interesting = dialect.interesting.search
         self._t0 = t0
@@ -119,7 +121,7 @@ class StreamTracker:
 
     @property
     def done(self) -> bool:
-        """True once the stream's ``[DONE]`` event was seen."""
+        """True once the event that ends a complete stream (``[DONE]``) was seen."""
         return self._done
 
     @property
@@ -153,7 +155,7 @@ class StreamTracker:
         self._events += 1
         if self._first_event is None:
             self._first_event = now
-        if data == b"[DONE]":
+        if data == self._end_data:
             self._done = True
             return
         carries_token = self._carries_token(data) is not None
@@ -191,18 +193,9 @@ class StreamTracker:
         timings = ServerTimings.from_json(obj.get("timings"))
         if timings is not None:
             self._timings = timings
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            details = usage.get("prompt_tokens_details")
-            cached = details.get("cached_tokens") if isinstance(details, dict) else None
-            prompt = usage.get("prompt_tokens")
-            prompt, cached = valid_count(prompt), valid_count(cached)
-            if prompt is not None and cached is not None and cached <= prompt:
-                self._usage = ServerTimings(
-                    prompt_n=prompt - cached,
-                    cache_n=cached,
-                    predicted_n=valid_count(usage.get("completion_tokens")),
-                )
+        usage = self._dialect.usage(obj)
+        if usage is not None:
+            self._usage = usage if self._usage is None else _later(self._usage, usage)
         error = obj.get("error")
         if isinstance(error, dict):
             self._error = f"{error.get('type', 'error')}:{error.get('code', '')}"
@@ -269,3 +262,11 @@ class StreamTracker:
             done=self._done,
             analysed=self._skip is None,
         )
+
+
+def _later(earlier: ServerTimings, later: ServerTimings) -> ServerTimings:
+    """The counts of ``later`` where it knows them, else those of ``earlier``."""
+    known = {
+        f.name: v for f in dataclasses.fields(later) if (v := getattr(later, f.name)) is not None
+    }
+    return dataclasses.replace(earlier, **known)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.core.record import ServerTimings
+
 __all__ = ["Dialect", "ToolDelta"]
 
 ToolDelta = tuple[int, str | None, str | None]
@@ -37,3 +39,9 @@ class Dialect:
     """The tool names a request's ``tools`` value declares."""
     tool_request: Callable[[str, str], bool]
     """Whether a request (method, path) is a model turn that can carry tools."""
+    usage: Callable[[dict[str, Any]], ServerTimings | None]
+    """The token counts an event or body's ``usage`` states (``prompt_n`` uncached), or None;
+    the tracker keeps the counts a later event states over earlier ones, field by field, and
+    uses them when llama-server sent no ``timings``."""
+    end_data: bytes | None
+    """The data of the event that ends a complete stream (``[DONE]``), or None."""

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from proxy.core.dialects.base import Dialect, ToolDelta
+from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["CHAT_COMPLETIONS"]
 
@@ -81,6 +82,24 @@ def _body_tool_calls(obj: dict[str, Any]) -> list[ToolDelta] | None:
     return found
 
 
+def _usage(obj: dict[str, Any]) -> ServerTimings | None:
+    """``usage.prompt_tokens`` less ``prompt_tokens_details.cached_tokens``, the cached ones
+    and ``completion_tokens``; None unless both prompt counts are known and consistent."""
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = valid_count(details.get("cached_tokens") if isinstance(details, dict) else None)
+    prompt = valid_count(usage.get("prompt_tokens"))
+    if prompt is None or cached is None or cached > prompt:
+        return None
+    return ServerTimings(
+        prompt_n=prompt - cached,
+        cache_n=cached,
+        predicted_n=valid_count(usage.get("completion_tokens")),
+    )
+
+
 def _tool_names(tools: Any) -> frozenset[str]:
     """``tools[].function.name``."""
     if not isinstance(tools, list):
@@ -105,4 +124,6 @@ CHAT_COMPLETIONS = Dialect(
     body_tool_calls=_body_tool_calls,
     tool_names=_tool_names,
     tool_request=_tool_request,
+    usage=_usage,
+    end_data=b"[DONE]",
 )

@@ -791,7 +791,8 @@ class TestUpstreamAnswers:
     async def test_error_before_stream_passes_with_status_body_and_length(
         self, proxied: Any
     ) -> None:
-        """A streamed request answered 400 JSON (context too long) passes unchanged."""
+        """A streamed request answered 400 JSON (context too long) passes unchanged; its
+        record is an ``upstream_error``, not a completed request."""
         upstream, proxy = proxied
         rec = load_recording("error_context")
         assert orjson.loads(rec.request_body)["stream"] is True
@@ -806,7 +807,8 @@ class TestUpstreamAnswers:
         assert resp.headers["Content-Type"] == rec.header("Content-Type")
         assert upstream.seen[0].body == rec.request_body
         (record,) = await _records(proxy.captured)
-        assert (record.status, record.kind, record.outcome) == (400, Kind.CHAT, Outcome.COMPLETED)
+        assert (record.status, record.kind) == (400, Kind.CHAT)
+        assert record.outcome is Outcome.UPSTREAM_ERROR  # an answer, but no success
         assert record.stream is True and record.response_bytes == len(rec.body)
         assert record.error == "exceed_context_size_error:400" and record.ttft_ms is None
 

@@ -10,6 +10,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.core.record import Kind, Outcome, Record
+from proxy.serve.metrics import Metrics
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, SeenRequest, load_recording, replay
 
@@ -189,3 +191,24 @@ class TestUpstreamKey:
         await _chat(keyed, 1)
         agent = [s for s in upstream.seen if s.path_qs == "/v1/chat/completions"][-1]
         assert "Authorization" not in agent.headers
+
+
+def test_an_error_is_counted_but_not_timed() -> None:
+    """A 500 answered in 3 ms counts in the request counter under its outcome and status,
+    and adds nothing to the latency histograms."""
+    metrics = Metrics()
+    base = {"id": "r", "ts": "t", "method": "POST", "path": "/v1/chat/completions"}
+    metrics.observe(Record(**base, kind=Kind.TOOL, status=200, e2e_ms=15_000.0))
+    metrics.observe(
+        Record(**base, kind=Kind.TOOL, status=500, outcome=Outcome.UPSTREAM_ERROR, e2e_ms=3.0)
+    )
+    fams = _families(metrics.render(None).decode())
+    e2e = fams["gen_ai_server_request_duration_seconds"]
+    (count,) = [s.value for s in e2e.samples if s.name.endswith("_count")]
+    requests = {
+        (s.labels["outcome"], s.labels["status"]): s.value
+        for s in fams["timing_proxy_requests"].samples
+        if s.name.endswith("_total")
+    }
+    assert count == 1
+    assert requests == {("completed", "200"): 1.0, ("upstream_error", "500"): 1.0}

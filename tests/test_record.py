@@ -498,3 +498,23 @@ class TestBuildRecord:
             == "oversized_events:2"
         )
         assert build_record(_exchange(), TOOL_FACTS, Observation()).analysis_error is None
+
+
+class TestOutcomeOfAnAnswer:
+    @pytest.mark.parametrize(
+        ("status", "outcome", "expected"),
+        [
+            (200, Outcome.COMPLETED, Outcome.COMPLETED),
+            (500, Outcome.COMPLETED, Outcome.UPSTREAM_ERROR),
+            (400, Outcome.COMPLETED, Outcome.UPSTREAM_ERROR),
+            (502, Outcome.UPSTREAM_UNREACHABLE, Outcome.UPSTREAM_UNREACHABLE),
+            (500, Outcome.CLIENT_CLOSED, Outcome.CLIENT_CLOSED),
+        ],
+    )
+    def test_an_error_status_is_no_success(
+        self, status: int, outcome: Outcome, expected: Outcome
+    ) -> None:
+        """A whole response with a 4xx/5xx status is ``upstream_error``; the proxy's own
+        failures and hang-ups keep their outcome."""
+        record = build_record(_exchange(status=status, outcome=outcome), TOOL_FACTS, None)
+        assert record.outcome is expected

@@ -69,7 +69,8 @@ class TestReplayedRecordings:
 
     @pytest.mark.parametrize("name", all_recordings())
     async def test_recording_is_relayed_byte_for_byte(self, proxied: Proxied, name: str) -> None:
-        """Status, end-to-end headers and every body byte of a real response reach the agent."""
+        """Status, end-to-end headers and every body byte of a real response reach the agent;
+        the record completes, or is ``upstream_error`` when llama-server answered an error."""
         upstream, proxy = proxied
         rec = load_recording(name)
         upstream.script = replay(rec)
@@ -87,7 +88,8 @@ class TestReplayedRecordings:
         await _wait_record(proxy)
         assert resp.headers[REQUEST_ID_HEADER] == proxy.captured.last.id
         assert proxy.captured.last.response_bytes == len(rec.body)
-        assert proxy.captured.last.outcome is Outcome.COMPLETED
+        expected = Outcome.UPSTREAM_ERROR if rec.status >= 400 else Outcome.COMPLETED
+        assert proxy.captured.last.outcome is expected
 
     async def test_streamed_chat_record_matches_server_timings(self, proxied: Proxied) -> None:
         """A replayed stream's record carries exactly the timings of its last JSON event."""

@@ -376,3 +376,15 @@ class TestQuantilesAndCache:
             stats.add(r)
         assert summarize_cache(records) == stats.snapshot()["cache"]
         assert summarize_cache(records)["cache_n"] == 336
+
+
+class TestOnlyCompletedLatencies:
+    def test_errors_count_but_stay_out_of_the_percentiles(self) -> None:
+        """An upstream error answered in 3 ms is counted under its outcome, not in the
+        kind's latency percentiles (it would pull the tool p50 down)."""
+        stats = Stats(since="t")
+        stats.add(rec(1, Kind.TOOL, e2e_ms=15_000.0))
+        stats.add(rec(2, Kind.TOOL, Outcome.UPSTREAM_ERROR, e2e_ms=3.0, status=500))
+        doc = stats.snapshot()
+        assert doc["outcomes"] == {"completed": 1, "upstream_error": 1}
+        assert doc["kinds"]["tool"]["e2e_ms"]["p50"] == 15_000.0

@@ -10,7 +10,7 @@ from proxy.core.record import Outcome, Record, derive, ms, ratio
 from proxy.core.request import RequestFacts
 from proxy.core.tracker import Observation, ToolCall
 
-__all__ = ["Exchange", "build_record", "tool_calls_valid"]
+__all__ = ["Exchange", "build_record", "outcome_of", "tool_calls_valid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,15 @@ def tool_calls_valid(calls: tuple[ToolCall, ...], names: frozenset[str]) -> bool
     return True
 
 
+def outcome_of(ex: Exchange) -> Outcome:
+    """The relay's outcome, except that a response relayed whole with an HTTP error status
+    (llama-server's 4xx/5xx) is ``upstream_error``, not a completed request: its few
+    milliseconds are no latency of a real answer."""
+    if ex.outcome is Outcome.COMPLETED and ex.status is not None and ex.status >= 400:
+        return Outcome.UPSTREAM_ERROR
+    return ex.outcome
+
+
 def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> Record:
     """The record of one exchange. ``obs`` is ``None`` when no response body was seen."""
     o = obs or Observation()
@@ -78,7 +87,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         stream=facts.stream,
         kind=facts.kind,
         status=ex.status,
-        outcome=ex.outcome,
+        outcome=outcome_of(ex),
         error=o.upstream_error or ex.error,
         analysis_error=analysis_error,
         ttfb_ms=ms(o.first_byte_s),

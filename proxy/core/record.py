@@ -40,6 +40,7 @@ class Outcome(enum.StrEnum):
     CLIENT_CLOSED = "client_closed"
     CLIENT_STALLED = "client_stalled"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_CLOSED_MID_STREAM = "upstream_closed_mid_stream"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_IDLE_TIMEOUT = "upstream_idle_timeout"

@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from proxy.core.record import Kind, Record
+from proxy.core.record import Kind, Outcome, Record
 
 __all__ = [
     "SUMMARY_FIELDS",
@@ -158,8 +158,8 @@ class Stats:
         self._outcomes[str(record.outcome)] += 1
         self._kinds[str(record.kind)] += 1
         window = self._windows.get(record.kind)
-        if window is not None:
-            window.append(_summary_row(record))
+        if window is not None and record.outcome is Outcome.COMPLETED:
+            window.append(_summary_row(record))  # latency percentiles: completed only
         self._recent.append(record)
         if record.cache_n is not None and record.prompt_tokens is not None:
             self._cache_n += record.cache_n

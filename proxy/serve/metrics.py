@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from proxy.core.record import Record
+from proxy.core.record import Outcome, Record
 
 __all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics"]
 
@@ -204,24 +204,13 @@ class Metrics:
         return children
 
     def observe(self, record: Record, *_: object) -> None:
-        """Record sink: count one finished request."""
+        """Record sink: count one finished request (its latencies only when it completed)."""
         model = self._model(record.model)
         kind = str(record.kind)
         c = self._children(model, kind)
         self.requests.labels(model, kind, str(record.outcome), str(record.status or 0)).inc()
-        for hist, value_ms in (
-            (c.ttft, record.ttft_ms),
-            (c.e2e, record.e2e_ms),
-            (c.prefill, record.prefill_ms),
-            (c.decode, record.decode_ms),
-            (c.tool_call, record.tool_call_ms),
-        ):
-            if value_ms is not None:
-                hist.observe(value_ms / 1000.0)
-        if record.overhead_ms is not None:
-            c.overhead.observe(max(0.0, record.overhead_ms) / 1000.0)
-        if record.decode_ms is not None and record.predicted_n and record.predicted_n > 1:
-            c.tpot.observe(record.decode_ms / (record.predicted_n - 1) / 1000.0)
+        if record.outcome is Outcome.COMPLETED:  # an error's few ms are no latency
+            _observe_latency(c, record)
         if record.prompt_tokens is not None and record.cache_n is not None:
             c.prompt_tokens.observe(record.prompt_tokens)
             c.cached.inc(record.cache_n)
@@ -244,3 +233,20 @@ class Metrics:
             if not upstream.endswith(b"\n"):
                 page += b"\n"
         return page
+
+
+def _observe_latency(c: _Children, record: Record) -> None:
+    """The latency histograms of one completed request."""
+    for hist, value_ms in (
+        (c.ttft, record.ttft_ms),
+        (c.e2e, record.e2e_ms),
+        (c.prefill, record.prefill_ms),
+        (c.decode, record.decode_ms),
+        (c.tool_call, record.tool_call_ms),
+    ):
+        if value_ms is not None:
+            hist.observe(value_ms / 1000.0)
+    if record.overhead_ms is not None:
+        c.overhead.observe(max(0.0, record.overhead_ms) / 1000.0)
+    if record.decode_ms is not None and record.predicted_n and record.predicted_n > 1:
+        c.tpot.observe(record.decode_ms / (record.predicted_n - 1) / 1000.0)

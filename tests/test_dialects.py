@@ -103,3 +103,19 @@ def test_the_end_of_a_stream_is_the_dialects() -> None:
     chat.feed(body)
     other.feed(body)
     assert chat.finish().done and not other.finish().done
+
+
+def test_a_parsed_event_can_end_the_stream() -> None:
+    """A dialect without an end marker names its last event (here ``{"stop": true}``);
+    the tracker is done once it has read it, and not before."""
+    other = dataclasses.replace(
+        CHAT_COMPLETIONS,
+        end_data=None,
+        interesting=re.compile(rb'"stop"'),
+        ends=lambda obj: obj.get("stop") is True,
+    )
+    tracker = StreamTracker(0.0, sse=True, clock=lambda: 1.0, dialect=other)
+    tracker.feed(sse(b'{"content":"a","stop":false}'))
+    assert not tracker.done
+    tracker.feed(sse(b'{"content":"","stop":true}'))
+    assert tracker.done

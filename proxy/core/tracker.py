@@ -203,6 +203,8 @@ class StreamTracker:
             self._error = "error"
         for reason in self._dialect.finish_reasons(obj):
             self._finish = reason
+        if self._dialect.ends(obj):
+            self._done = True
 
     def _merge_tool_deltas(self, deltas: list[ToolDelta]) -> None:
         for index, name, args in deltas:

@@ -9,10 +9,15 @@ from typing import Any
 
 from proxy.core.record import ServerTimings
 
-__all__ = ["Dialect", "ToolDelta"]
+__all__ = ["Dialect", "ToolDelta", "never"]
 
 ToolDelta = tuple[int, str | None, str | None]
 """One tool-call fragment: (call index, name or None, argument text or None)."""
+
+
+def never(obj: dict[str, Any]) -> bool:
+    """No parsed event ends the stream (the end, if any, is :attr:`Dialect.end_data`)."""
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +50,6 @@ class Dialect:
     uses them when llama-server sent no ``timings``."""
     end_data: bytes | None
     """The data of the event that ends a complete stream (``[DONE]``), or None."""
+    ends: Callable[[dict[str, Any]], bool] = never
+    """Whether a parsed event ends a complete stream (``message_stop``, a final object with
+    ``stop: true``): for APIs without an end marker. Such events must match ``interesting``."""

@@ -197,7 +197,7 @@ def test_an_error_is_counted_but_not_timed() -> None:
     """A 500 answered in 3 ms counts in the request counter under its outcome and status,
     and adds nothing to the latency histograms."""
     metrics = Metrics()
-    base = {"id": "r", "ts": "t", "method": "POST", "path": "/v1/chat/completions"}
+    base: dict[str, Any] = {"id": "r", "ts": "t", "method": "POST", "path": "/v1/chat/completions"}
     metrics.observe(Record(**base, kind=Kind.TOOL, status=200, e2e_ms=15_000.0))
     metrics.observe(
         Record(**base, kind=Kind.TOOL, status=500, outcome=Outcome.UPSTREAM_ERROR, e2e_ms=3.0)

@@ -92,6 +92,9 @@ class StreamTracker:
         bytes and times are observed, and the counts of events and calls stay unknown.
         ``dialect`` is the API whose events these are."""
         self._dialect = dialect
+        self._tool_deltas = (
+            dialect.stream_tool_deltas if dialect.new_stream is None else dialect.new_stream()
+        )
         self._end_data = dialect.end_data
         self._carries_token = dialect.token.search
         self._interesting = dialect.interesting.search
@@ -179,7 +182,7 @@ class StreamTracker:
         if not isinstance(obj, dict):
             return False
         self._read_object(obj)
-        deltas = self._dialect.stream_tool_deltas(obj)
+        deltas = self._tool_deltas(obj)
         if deltas is None:
             return False
         self._merge_tool_deltas(deltas)
@@ -187,20 +190,17 @@ class StreamTracker:
         return True
 
     def _read_object(self, obj: dict[str, Any]) -> None:
-        model = obj.get("model")
-        if isinstance(model, str) and self._model is None:
-            self._model = model
+        if self._model is None:
+            self._model = self._dialect.model(obj)
         timings = ServerTimings.from_json(obj.get("timings"))
         if timings is not None:
             self._timings = timings
         usage = self._dialect.usage(obj)
         if usage is not None:
             self._usage = usage if self._usage is None else _later(self._usage, usage)
-        error = obj.get("error")
-        if isinstance(error, dict):
-            self._error = f"{error.get('type', 'error')}:{error.get('code', '')}"
-        elif isinstance(error, str):
-            self._error = "error"
+        error = self._dialect.error(obj)
+        if error is not None:
+            self._error = error
         for reason in self._dialect.finish_reasons(obj):
             self._finish = reason
         if self._dialect.ends(obj):

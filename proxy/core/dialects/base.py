@@ -9,10 +9,28 @@ from typing import Any
 
 from proxy.core.record import ServerTimings
 
-__all__ = ["Dialect", "ToolDelta", "never"]
+__all__ = ["Dialect", "StreamReader", "ToolDelta", "never", "top_level_error", "top_level_model"]
 
 ToolDelta = tuple[int, str | None, str | None]
 """One tool-call fragment: (call index, name or None, argument text or None)."""
+
+
+StreamReader = Callable[[dict[str, Any]], "list[ToolDelta] | None"]
+"""Reads the tool-call fragments of one response's events, in order (see ``new_stream``)."""
+
+
+def top_level_model(obj: dict[str, Any]) -> str | None:
+    """``model`` at the top of an event or body."""
+    model = obj.get("model")
+    return model if isinstance(model, str) else None
+
+
+def top_level_error(obj: dict[str, Any]) -> str | None:
+    """llama-server's ``{"error": {"type", "code", ...}}`` as ``type:code``."""
+    error = obj.get("error")
+    if isinstance(error, dict):
+        return f"{error.get('type', 'error')}:{error.get('code', '')}"
+    return "error" if isinstance(error, str) else None
 
 
 def never(obj: dict[str, Any]) -> bool:
@@ -53,3 +71,10 @@ class Dialect:
     ends: Callable[[dict[str, Any]], bool] = never
     """Whether a parsed event ends a complete stream (``message_stop``, a final object with
     ``stop: true``): for APIs without an end marker. Such events must match ``interesting``."""
+    model: Callable[[dict[str, Any]], str | None] = top_level_model
+    """The served model's name an event or body states."""
+    error: Callable[[dict[str, Any]], str | None] = top_level_error
+    """The upstream error an event or body states, as ``type:code``."""
+    new_stream: Callable[[], StreamReader] | None = None
+    """For APIs whose calls can only be numbered with what came before (the Responses API
+    keys fragments by item id): a fresh ``stream_tool_deltas`` for each response."""

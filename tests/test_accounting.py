@@ -165,7 +165,8 @@ class ToyLlama:
         self.app = web.Application()
         for path in LOOKUP_PATHS:
             self.app.router.add_post(path, self._lookup)
-        self.app.router.add_post(CHAT, self._chat)
+        for path in (CHAT, "/v1/responses", "/v1/messages"):  # answers in chat's shape
+            self.app.router.add_post(path, self._chat)
 
     def lookups(self) -> int:
         """Look-up calls received so far, all paths together."""
@@ -839,3 +840,20 @@ class TestNoTools:
         assert record.schema_tokens is None
         assert toy.lookups() == 0
         assert await schemas(proxy) is None
+
+
+async def test_other_apis_ask_no_chat_counting_endpoint(
+    make_proxy: ProxyFactory, toy: ToyLlama
+) -> None:
+    """A Responses or Messages request with tools is a tool request, but its schema is not
+    priced through Chat Completions' counting endpoints (its body is no chat body): no
+    look-up is made and the schema fields stay unknown."""
+    proxy = await start(make_proxy, toy)
+    responses_tools = [{"type": "function", "name": "get_weather", "parameters": {}}]
+    messages_tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    await ask(proxy, {"model": "m", "input": "hi", "tools": responses_tools}, "/v1/responses")
+    await ask(proxy, {"model": "m", "messages": [], "tools": messages_tools}, "/v1/messages")
+    first, second = await wait_record(proxy, 1), await wait_record(proxy, 2)
+    await settle(toy)
+    assert toy.lookups() == 0
+    assert [(r.kind, r.schema_tokens) for r in (first, second)] == [(Kind.TOOL, None)] * 2

@@ -26,7 +26,8 @@ CORE_FIELDS = [
 # Every field of a record, in order. A rename, removal or addition must fail a test: the
 # README, the log format, /stats and the dashboard all depend on these names.
 RECORD_FIELDS = [
-    *("id", "ts", "method", "path", "model", "stream", "kind", "status", "outcome"),
+    *("id", "ts", "method", "path", "model", "stream", "kind", "api", "status"),
+    "outcome",
     *("error", "analysis_error"),
     *("ttfb_ms", "ttft_ms", "e2e_ms", "decode_wall_ms"),
     *("prefill_ms", "decode_ms", "prompt_n", "cache_n", "predicted_n"),

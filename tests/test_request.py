@@ -192,3 +192,33 @@ class TestRecordedRequests:
         assert facts.stream is stream
         if kind is Kind.TOOL:
             assert facts.tool_names == frozenset({"get_weather", "move_arm"})
+
+
+class TestApi:
+    @pytest.mark.parametrize(
+        ("path", "api"),
+        [
+            ("/v1/chat/completions", "chat_completions"),
+            ("/v1/responses", "responses"),
+            ("/responses", "responses"),
+            ("/v1/messages", "messages"),
+            ("/completion", "completions"),
+            ("/v1/completions", "completions"),
+            ("/infill", "completions"),
+            ("/v1/messages/count_tokens", "other"),
+            ("/v1/embeddings", "other"),
+            ("/health", "other"),
+        ],
+    )
+    def test_the_api_of_a_path(self, path: str, api: str) -> None:
+        """Each agent API's generation paths name their dialect; every other path is other."""
+        assert analyse_request("POST", path, b"{}").api == api
+
+    def test_responses_and_messages_with_tools_are_tool_requests(self) -> None:
+        """Tools make a Responses or Messages request a tool request, read in the API's own
+        tool shape (flat ``name`` for Responses, ``{name, input_schema}`` for Messages)."""
+        responses = b'{"input":"hi","tools":[{"type":"function","name":"go","parameters":{}}]}'
+        messages = b'{"messages":[],"tools":[{"name":"go","input_schema":{}}]}'
+        for path, body in (("/v1/responses", responses), ("/v1/messages", messages)):
+            facts = analyse_request("POST", path, body)
+            assert (facts.kind, facts.tool_names) == (Kind.TOOL, frozenset({"go"}))

@@ -86,6 +86,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         model=o.model or facts.model,
         stream=facts.stream,
         kind=facts.kind,
+        api=facts.api,
         status=ex.status,
         outcome=outcome_of(ex),
         error=o.upstream_error or ex.error,

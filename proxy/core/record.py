@@ -124,6 +124,7 @@ class Record:
     model: str | None = None
     stream: bool | None = None
     kind: Kind = Kind.OTHER
+    api: str | None = None
     status: int | None = None
     outcome: Outcome = Outcome.COMPLETED
     error: str | None = None

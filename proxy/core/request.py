@@ -29,22 +29,25 @@ class RequestFacts:
     body: dict[str, Any] | None = None
     error: str | None = None
     dialect: Dialect = CHAT_COMPLETIONS
+    api: str = "other"
+    """The dialect's name when the path is its API's, else ``other``."""
 
 
 def analyse_request(method: str, path: str, body: bytes) -> RequestFacts:
     """Classify a request: ``tool`` (a model turn with a non-empty ``tools``), ``chat`` (one
     without) or ``other``."""
     dialect = dialect_for(path)
+    api = dialect.name if dialect.handles(path) else "other"
     turn = dialect.tool_request(method, path)
     bare = Kind.CHAT if turn else Kind.OTHER
     if method != "POST" or not body:
-        return RequestFacts(kind=bare, dialect=dialect)
+        return RequestFacts(kind=bare, dialect=dialect, api=api)
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return RequestFacts(kind=bare, error="request_body_not_json", dialect=dialect)
+        return RequestFacts(kind=bare, error="request_body_not_json", dialect=dialect, api=api)
     if not isinstance(obj, dict):
-        return RequestFacts(kind=bare, error="request_body_not_an_object", dialect=dialect)
+        return RequestFacts(kind=bare, error="request_body_not_an_object", dialect=dialect, api=api)
     model = obj.get("model")
     stream = obj.get("stream")
     tools = obj.get("tools")
@@ -56,4 +59,5 @@ def analyse_request(method: str, path: str, body: bytes) -> RequestFacts:
         tool_names=dialect.tool_names(tools),
         body=obj,
         dialect=dialect,
+        api=api,
     )

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.core.dialects import CHAT_COMPLETIONS
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
 from proxy.core.schema import (
@@ -197,9 +198,13 @@ class Accounting:
         return out
 
     def begin(self, facts: RequestFacts) -> Pending | None:
-        """Start accounting for a tool request; ``None`` for anything else. Never blocks."""
+        """Start accounting for a Chat Completions tool request; ``None`` for anything else
+        (the Responses and Messages APIs count through endpoints of their own, not yet asked:
+        their schema fields stay unknown). Never blocks."""
         body = facts.body
         if facts.kind is not Kind.TOOL or body is None or self._session is None:
+            return None
+        if facts.dialect is not CHAT_COMPLETIONS:
             return None
         tools = body["tools"]
         key = render_key(body)

@@ -1,8 +1,7 @@
 """Chat Completions: ``choices[].delta`` in streamed events, ``choices[].message`` in a body.
 
-The legacy ``/v1/completions`` and llama-server's native ``/completion`` stream text under
-``text`` and ``content`` with the same ``choices`` and ``timings`` keys, so this dialect reads
-them too (without tools: only Chat Completions requests are turns that carry tools).
+It is also the reading of a path no dialect claims (``/v1/embeddings``, say): its keys are
+not found in bodies of another shape, so such responses stay unanalysed.
 """
 
 from __future__ import annotations

@@ -251,6 +251,13 @@ class TestRequestClocks:
         ticks = shown.record("chat_stream").predicted_n
         assert await chat.locator(f'.ticks[data-ticks="{ticks}"]').count() == 1
 
+    async def test_each_row_names_its_api(self, shown: Shown) -> None:
+        """A row carries the record's API, and says it beside the kind."""
+        page = shown.page
+        chat = page.locator(f'.row[data-id="{shown.ids["chat_stream"]}"]')
+        assert await chat.get_attribute("data-api") == shown.record("chat_stream").api
+        assert await chat.locator(".api").text_content() == " chat.completions"
+
     async def test_tool_row_has_prefill_decode_and_a_valid_call(self, shown: Shown) -> None:
         """A streamed tool call's row: prefill, decode, and the call marked valid."""
         page = shown.page

@@ -76,7 +76,8 @@ class TestMetricsPage:
         counts = [s for s in ttft.samples if s.name.endswith("_count")]
         assert len(counts) == 1
         assert counts[0].value == 3
-        assert counts[0].labels == {"model": proxy.captured.last.model, "kind": "chat"}
+        labels = {"model": proxy.captured.last.model, "kind": "chat", "api": "chat_completions"}
+        assert counts[0].labels == labels
         infinity = [
             s for s in ttft.samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"
         ]
@@ -93,7 +94,8 @@ class TestMetricsPage:
     async def test_request_counter_and_token_counters(
         self, fake: Any, make_proxy: ProxyFactory
     ) -> None:
-        """Requests are counted by kind, outcome and status; prompt tokens by cache state."""
+        """Requests are counted by kind, API, outcome and status; prompt tokens by cache
+        state."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
         await _chat(proxy, 2)
         fams = _families(await (await proxy.client.get("/metrics")).text())
@@ -105,6 +107,7 @@ class TestMetricsPage:
                 {
                     "model": proxy.captured.last.model,
                     "kind": "chat",
+                    "api": "chat_completions",
                     "outcome": "completed",
                     "status": "200",
                 }.items()

@@ -388,3 +388,14 @@ class TestOnlyCompletedLatencies:
         doc = stats.snapshot()
         assert doc["outcomes"] == {"completed": 1, "upstream_error": 1}
         assert doc["kinds"]["tool"]["e2e_ms"]["p50"] == 15_000.0
+
+    def test_requests_are_counted_per_api(self) -> None:
+        """``apis`` counts every request by the API it was read with (``other`` when a log
+        line had none); the chat and tool figures stay across APIs."""
+        stats = Stats(since="t")
+        stats.add(rec(1, Kind.TOOL, api="responses", e2e_ms=10.0))
+        stats.add(rec(2, Kind.TOOL, api="chat_completions", e2e_ms=20.0))
+        stats.add(rec(3, Kind.OTHER))
+        doc = stats.snapshot()
+        assert doc["apis"] == {"responses": 1, "chat_completions": 1, "other": 1}
+        assert doc["kinds"]["tool"]["count"] == 2

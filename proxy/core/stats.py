@@ -144,6 +144,7 @@ class Stats:
         self.requests = 0
         self._outcomes: Counter[str] = Counter()
         self._kinds: Counter[str] = Counter()
+        self._apis: Counter[str] = Counter()
         self._windows: dict[Kind, deque[_Row]] = {
             Kind.CHAT: deque(maxlen=window),
             Kind.TOOL: deque(maxlen=window),
@@ -157,6 +158,7 @@ class Stats:
         self.requests += 1
         self._outcomes[str(record.outcome)] += 1
         self._kinds[str(record.kind)] += 1
+        self._apis[record.api or "other"] += 1
         window = self._windows.get(record.kind)
         if window is not None and record.outcome is Outcome.COMPLETED:
             window.append(_summary_row(record))  # latency percentiles: completed only
@@ -197,6 +199,7 @@ class Stats:
             "requests": self.requests,
             "since": self.since,
             "outcomes": dict(self._outcomes),
+            "apis": dict(self._apis),
             "kinds": {},
             "cache": cache_ratio(self._cache_n, self._prompt_tokens),
         }

@@ -5,7 +5,7 @@ bookkeeping and label handling are its job, not ours) with a private registry. N
 the OpenTelemetry GenAI semantic conventions where one fits
 (``gen_ai_server_time_to_first_token_seconds``, ``gen_ai_server_request_duration_seconds``,
 ``gen_ai_server_time_per_output_token_seconds``); the rest are ``timing_proxy_*``. Labels are
-``model`` and ``kind`` (plus ``outcome``/``status`` on the request counter): all bounded;
+``model``, ``kind`` and ``api`` (plus ``outcome``/``status`` on the request counter): all bounded;
 models beyond :data:`MAX_MODELS` distinct names are reported as ``other``.
 Buckets reach 600 s: a cold prompt on a Jetson takes minutes, OpenTelemetry's 10 s ceiling
 is too low for edge boards.
@@ -56,7 +56,7 @@ SECONDS = (
 )
 PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-LABELS = ("model", "kind")
+LABELS = ("model", "kind", "api")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +169,7 @@ class Metrics:
             registry=r,
         )
         self._models: set[str] = set()
-        self._cache: dict[tuple[str, str], _Children] = {}
+        self._cache: dict[tuple[str, str, str], _Children] = {}
 
     def _model(self, name: str | None) -> str:
         model = name or "unknown"
@@ -179,24 +179,24 @@ class Metrics:
             self._models.add(model)
         return model
 
-    def _children(self, model: str, kind: str) -> _Children:
-        """The label children of one (model, kind), looked up once: ``labels()`` costs
+    def _children(self, model: str, kind: str, api: str) -> _Children:
+        """The label children of one (model, kind, api), looked up once: ``labels()`` costs
         microseconds per call, and a record touches a dozen series."""
-        key = (model, kind)
+        key = (model, kind, api)
         children = self._cache.get(key)
         if children is None:
             children = self._cache[key] = _Children(
-                ttft=self.ttft.labels(model, kind),
-                e2e=self.e2e.labels(model, kind),
-                prefill=self.prefill.labels(model, kind),
-                decode=self.decode.labels(model, kind),
-                tool_call=self.tool_call.labels(model, kind),
-                overhead=self.overhead.labels(model, kind),
-                tpot=self.tpot.labels(model, kind),
-                prompt_tokens=self.prompt_tokens.labels(model, kind),
-                schema_tokens=self.schema_tokens.labels(model, kind),
-                cached=self.prompt_tokens_total.labels(model, kind, "true"),
-                prefilled=self.prompt_tokens_total.labels(model, kind, "false"),
+                ttft=self.ttft.labels(model, kind, api),
+                e2e=self.e2e.labels(model, kind, api),
+                prefill=self.prefill.labels(model, kind, api),
+                decode=self.decode.labels(model, kind, api),
+                tool_call=self.tool_call.labels(model, kind, api),
+                overhead=self.overhead.labels(model, kind, api),
+                tpot=self.tpot.labels(model, kind, api),
+                prompt_tokens=self.prompt_tokens.labels(model, kind, api),
+                schema_tokens=self.schema_tokens.labels(model, kind, api),
+                cached=self.prompt_tokens_total.labels(model, kind, api, "true"),
+                prefilled=self.prompt_tokens_total.labels(model, kind, api, "false"),
                 paid=self.schema_seconds.labels(model, "paid"),
                 saved=self.schema_seconds.labels(model, "saved"),
                 again=self.prefilled_again.labels(model),
@@ -207,8 +207,9 @@ class Metrics:
         """Record sink: count one finished request (its latencies only when it completed)."""
         model = self._model(record.model)
         kind = str(record.kind)
-        c = self._children(model, kind)
-        self.requests.labels(model, kind, str(record.outcome), str(record.status or 0)).inc()
+        api = record.api or "other"
+        c = self._children(model, kind, api)
+        self.requests.labels(model, kind, api, str(record.outcome), str(record.status or 0)).inc()
         if record.outcome is Outcome.COMPLETED:  # an error's few ms are no latency
             _observe_latency(c, record)
         if record.prompt_tokens is not None and record.cache_n is not None:

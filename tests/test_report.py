@@ -282,6 +282,16 @@ class TestBuildReport:
         assert per_run["spread"]["ttft_ms"]["ms"] == 0.0
         assert report["kinds"]["tool"]["count"] == 15
 
+    def test_requests_per_api(self, tmp_path: Path) -> None:
+        """The document counts requests per API (``unknown`` for lines without the field)
+        and the text names them; a log from before the field says nothing about APIs."""
+        records = [rec(1, api="responses"), rec(2, api="chat_completions"), rec(3)]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        assert report["apis"] == {"responses": 1, "chat_completions": 1, "unknown": 1}
+        assert "api: chat_completions 1, responses 1, unknown 1" in render_text(report)
+        old = build_report(load_runs([write_log(tmp_path / "b.jsonl", [rec(4)])]))
+        assert old["apis"] == {"unknown": 1} and "api:" not in render_text(old)
+
     def test_one_run_no_spread(self, tmp_path: Path) -> None:
         """A single run has its medians but no spread."""
         report = build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)]))

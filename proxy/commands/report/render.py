@@ -295,6 +295,9 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines = [_head(report)]
     if report["models"]:
         lines.append("model: " + ", ".join(report["models"]))
+    apis = report.get("apis") or {}
+    if set(apis) - {"unknown"}:
+        lines.append("api: " + ", ".join(f"{name} {n:,}" for name, n in sorted(apis.items())))
     lines.extend(_missing_lines(report))
     lines.append(f"{COMPLETED_ONLY};")
     lines.append("prefill and decode are llama-server's clock, the other times the proxy's")

@@ -230,7 +230,8 @@ def build_report(
     meta: ModelMeta | None = None,
     board: Board | None = None,
 ) -> dict[str, Any]:
-    """The report document: runs, the ``/stats``-shaped ``kinds``, ``per_run`` medians with
+    """The report document: runs, the ``/stats``-shaped ``kinds`` (across APIs; ``apis``
+    counts the requests per API, ``unknown`` for a log without the field), ``per_run`` medians with
     the spread between runs, the ``roofline`` (estimates, when model/board are known), and
     the record fields the logs lacked (``missing_fields``, with ``unknown`` saying how
     records without an outcome or a kind were counted).
@@ -260,6 +261,7 @@ def build_report(
         "unknown": _unknown(missing),
         "models": sorted({r.model for r in chosen if r.model}),
         "outcomes": dict(Counter(str(r.outcome) for r in chosen)),
+        "apis": dict(Counter(r.api or "unknown" for r in chosen)),
         "kinds": summaries,
         "cache": summarize_cache(completed(chosen)),
         "per_run": {k: _per_run(runs, k) for k in kinds},

@@ -132,7 +132,7 @@ class TestPaths:
         body = {"choices": [{"message": {"tool_calls": [call]}}]}
         assert not COMPLETIONS.tool_request("POST", "/v1/completions")
         assert COMPLETIONS.tool_names(tools) == frozenset()
-        assert COMPLETIONS.stream_tool_deltas(streamed) is None
+        assert COMPLETIONS.tool_reader()(streamed) is None
         assert COMPLETIONS.body_tool_calls(body) is None
 
     def test_stop_types_in_chat_words(self) -> None:

@@ -416,7 +416,7 @@ class TestReaders:
     def test_stream_fragments_are_keyed_by_block_index(self) -> None:
         """A tool_use block start gives (block index, name, None), an input_json_delta
         (block index, None, fragment); text blocks and other events give None."""
-        read = MESSAGES.stream_tool_deltas
+        read = MESSAGES.tool_reader()
         call = {"type": "tool_use", "id": "i", "name": "go"}
         start = {"type": "content_block_start", "index": 2, "content_block": call}
         assert read(start) == [(2, "go", None)]
@@ -430,7 +430,7 @@ class TestReaders:
 
     def test_odd_input_is_read_without_raising(self) -> None:
         """Wrong types give no fragment fields, no counts, no calls, never an exception."""
-        read = MESSAGES.stream_tool_deltas
+        read = MESSAGES.tool_reader()
         block = {"type": "tool_use", "name": ""}
         odd = {"type": "content_block_start", "index": True, "content_block": block}
         assert read(odd) == [(0, None, None)]

@@ -3,10 +3,8 @@ tracker exactly as llama-server sends them (protocol doc section 8.3/8.4)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.request
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,8 +134,8 @@ def completed(output: list[dict[str, Any]], **fields: Any) -> bytes:
 
 
 def per_stream() -> Dialect:
-    """The dialect as one response's tracker gets it with a fresh call reader."""
-    return dataclasses.replace(RESPONSES, stream_tool_deltas=new_call_reader())
+    """The dialect as a response's tracker gets it (the tracker makes its own call reader)."""
+    return RESPONSES
 
 
 def observe(
@@ -296,23 +294,6 @@ class TestStream:
         )
         assert (obs.token_events, obs.tool_call_s, obs.finish_reason) == (6, 4.0, "tool_calls")
 
-    def test_stateless_dialect_keys_calls_by_item_id(self) -> None:
-        """Without a per-response reader, RESPONSES itself still assembles each call's name and
-        arguments exactly (keyed by a checksum of its item id) and times them the same."""
-        chunks = [
-            start() + call_added(FC, "get_weather") + args("{}"),
-            call_added(FC2, "move_arm") + args("{", FC2),
-            args("}", FC2),
-            call_done(FC, "get_weather", "{}") + call_done(FC2, "move_arm", "{}"),
-        ]
-        obs = observe(chunks, dataclasses.replace(RESPONSES, new_stream=None))
-        by_key = {c.index: (c.name, c.arguments) for c in obs.tool_calls}
-        assert by_key == {
-            zlib.crc32(FC.encode()): ("get_weather", "{}"),
-            zlib.crc32(FC2.encode()): ("move_arm", "{}"),
-        }
-        assert (obs.token_events, obs.tool_call_s) == (5, 3.0)
-
     def test_done_completes_arguments_the_deltas_lacked(self) -> None:
         """Arguments only the final re-parse produced appear in the .done item, never as a
         delta: the missing suffix is added, so the call's arguments equal the .done item's,
@@ -465,7 +446,7 @@ def test_odd_input_never_raises(obj: dict[str, Any]) -> None:
     """Every reader takes malformed events and bodies without raising."""
     for read in (
         RESPONSES.finish_reasons,
-        RESPONSES.stream_tool_deltas,
+        RESPONSES.tool_reader(),
         RESPONSES.body_tool_calls,
         RESPONSES.usage,
         new_call_reader(),
@@ -554,12 +535,6 @@ def test_real_streams(llama_server: LlamaServer) -> None:
         final = ref["final"]
         answer = final["response"]
         assert obs.tool_calls == ref["calls"]
-        stateless = dataclasses.replace(RESPONSES, new_stream=None)
-        keyed = {c.index: (c.name, c.arguments) for c in observe(chunks, stateless).tool_calls}
-        assert keyed == {
-            zlib.crc32(i.encode()): (c.name, c.arguments)
-            for i, c in zip(ref["ids"], ref["calls"], strict=True)
-        }
         assert obs.token_events == len(ref["tokens"])
         assert (obs.first_token_s, obs.last_token_s) == (
             float(ref["tokens"][0]),
@@ -585,3 +560,14 @@ def test_real_streams(llama_server: LlamaServer) -> None:
             print("real tool call:", obs.tool_calls, obs.timings, obs.token_events, u)
         else:
             assert obs.tool_calls == () and obs.token_events > 0
+
+
+def test_each_response_numbers_its_own_calls() -> None:
+    """Two responses read at the same time each number their calls from 0: the tracker
+    makes the dialect's call reader once per response, and none is shared."""
+    first = StreamTracker(0.0, sse=True, clock=lambda: 1.0, dialect=RESPONSES)
+    second = StreamTracker(0.0, sse=True, clock=lambda: 1.0, dialect=RESPONSES)
+    first.feed(start() + call_added(FC, "get_weather") + args("{}"))
+    second.feed(start() + call_added(FC2, "move_arm") + args("{}", FC2))
+    assert [(c.index, c.name) for c in first.finish().tool_calls] == [(0, "get_weather")]
+    assert [(c.index, c.name) for c in second.finish().tool_calls] == [(0, "move_arm")]

@@ -43,7 +43,7 @@ class TestChatCompletions:
     def test_stream_fragments(self) -> None:
         """A delta's tool_calls become (index, name, arguments) fragments; an empty list is
         no tool-call event, a list of unreadable items still is one."""
-        read = CHAT_COMPLETIONS.stream_tool_deltas
+        read = CHAT_COMPLETIONS.tool_reader()
         call = {"index": 1, "function": {"name": "go", "arguments": "{"}}
         assert read({"choices": [{"delta": {"tool_calls": [call]}}]}) == [(1, "go", "{")]
         assert read({"choices": [{"delta": {"tool_calls": []}}]}) is None

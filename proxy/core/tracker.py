@@ -92,9 +92,7 @@ class StreamTracker:
         bytes and times are observed, and the counts of events and calls stay unknown.
         ``dialect`` is the API whose events these are."""
         self._dialect = dialect
-        self._tool_deltas = (
-            dialect.stream_tool_deltas if dialect.new_stream is None else dialect.new_stream()
-        )
+        self._tool_deltas = dialect.tool_reader()
         self._end_data = dialect.end_data
         self._carries_token = dialect.token.search
         self._interesting = dialect.interesting.search

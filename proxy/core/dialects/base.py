@@ -9,14 +9,29 @@ from typing import Any
 
 from proxy.core.record import ServerTimings
 
-__all__ = ["Dialect", "StreamReader", "ToolDelta", "never", "top_level_error", "top_level_model"]
+__all__ = [
+    "Dialect",
+    "StreamReader",
+    "ToolDelta",
+    "never",
+    "stateless",
+    "top_level_error",
+    "top_level_model",
+]
 
 ToolDelta = tuple[int, str | None, str | None]
 """One tool-call fragment: (call index, name or None, argument text or None)."""
 
 
 StreamReader = Callable[[dict[str, Any]], "list[ToolDelta] | None"]
-"""Reads the tool-call fragments of one response's events, in order (see ``new_stream``)."""
+"""Reads the tool-call fragments of one response's events, in order: for each event, the
+fragments it carries, or None when it is no tool-call event."""
+
+
+def stateless(reader: StreamReader) -> Callable[[], StreamReader]:
+    """``tool_reader`` for an API whose events number their calls themselves: the same
+    reader for every response."""
+    return lambda: reader
 
 
 def top_level_model(obj: dict[str, Any]) -> str | None:
@@ -54,8 +69,10 @@ class Dialect:
     interesting: re.Pattern[bytes]
     finish_reasons: Callable[[dict[str, Any]], list[str]]
     """The finish reasons an event or body states."""
-    stream_tool_deltas: Callable[[dict[str, Any]], list[ToolDelta] | None]
-    """The tool-call fragments a streamed event carries (None: it carries none)."""
+    tool_reader: Callable[[], StreamReader]
+    """A reader of the tool-call fragments of one response's streamed events, made once per
+    response: :func:`stateless` where events carry their call's index, a fresh one where
+    calls are numbered by what came before (the Responses API keys them by item id)."""
     body_tool_calls: Callable[[dict[str, Any]], list[ToolDelta] | None]
     """The tool calls of a whole (non-streamed) response body (None: it has none)."""
     tool_names: Callable[[Any], frozenset[str]]
@@ -75,6 +92,3 @@ class Dialect:
     """The served model's name an event or body states."""
     error: Callable[[dict[str, Any]], str | None] = top_level_error
     """The upstream error an event or body states, as ``type:code``."""
-    new_stream: Callable[[], StreamReader] | None = None
-    """For APIs whose calls can only be numbered with what came before (the Responses API
-    keys fragments by item id): a fresh ``stream_tool_deltas`` for each response."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.core.dialects.base import Dialect, ToolDelta
+from proxy.core.dialects.base import Dialect, ToolDelta, stateless
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["CHAT_COMPLETIONS"]
@@ -119,7 +119,7 @@ CHAT_COMPLETIONS = Dialect(
     token=re.compile(rb'"(?:reasoning_content|content|text)": ?"[^"]'),
     interesting=re.compile(rb'"(?:timings|usage|tool_calls|error)"|"finish_reason": ?"'),
     finish_reasons=_finish_reasons,
-    stream_tool_deltas=_stream_tool_deltas,
+    tool_reader=stateless(_stream_tool_deltas),
     body_tool_calls=_body_tool_calls,
     tool_names=_tool_names,
     tool_request=_tool_request,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.core.dialects.base import Dialect, ToolDelta
+from proxy.core.dialects.base import Dialect, ToolDelta, stateless
 from proxy.core.dialects.chat import CHAT_COMPLETIONS
 from proxy.core.record import ServerTimings, valid_count
 
@@ -90,7 +90,7 @@ COMPLETIONS = Dialect(
     token=re.compile(rb'"(?:content|text)": ?"[^"]'),
     interesting=re.compile(rb'"(?:timings|usage|error|stop_type)"|"finish_reason": ?"'),
     finish_reasons=_finish_reasons,
-    stream_tool_deltas=_no_tool_deltas,
+    tool_reader=stateless(_no_tool_deltas),
     body_tool_calls=_no_tool_deltas,
     tool_names=_no_tool_names,
     tool_request=_no_tool_request,

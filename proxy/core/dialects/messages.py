@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.dialects.base import Dialect, ToolDelta, top_level_error
+from proxy.core.dialects.base import Dialect, ToolDelta, stateless, top_level_error
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["MESSAGES"]
@@ -187,7 +187,7 @@ MESSAGES = Dialect(
         rb'"(?:usage|stop_reason|error|code)":|"(?:tool_use|input_json_delta|message_stop)"'
     ),
     finish_reasons=_finish_reasons,
-    stream_tool_deltas=_stream_tool_deltas,
+    tool_reader=stateless(_stream_tool_deltas),
     body_tool_calls=_body_tool_calls,
     tool_names=_tool_names,
     tool_request=_tool_request,

@@ -15,14 +15,12 @@ same response object at the top level, without ``timings``.
 
 Tool calls are numbered by the order their ``function_call`` items were added (the events
 carry no ``output_index``): that needs state per response, which :func:`new_call_reader`
-keeps. ``RESPONSES.stream_tool_deltas`` itself must stay stateless (one dialect serves every
-concurrent response), so it keys a call by a checksum of its item id: the calls' names,
-arguments and count are exact, their index is an opaque number and their order arbitrary.
-The per-response reader also reconciles each call with its final ``.done`` item, which carries
-the full ``arguments``: llama-server puts text that only its final re-parse produced there and
-never in a delta, so when the streamed fragments are a prefix of the full text the missing
-suffix is returned as one more fragment (the ``.done`` event is then a tool-call event, as the
-re-parse diff chunk is on Chat Completions); when they agree, ``.done`` is no tool-call event.
+keeps; it is the dialect's ``tool_reader``, made anew for each response. It also reconciles
+each call with its final ``.done`` item, which carries the full ``arguments``: llama-server
+puts text that only its final re-parse produced there and never in a delta, so when the
+streamed fragments are a prefix of the full text the missing suffix is returned as one more
+fragment (the ``.done`` event is then a tool-call event, as the re-parse diff chunk is on
+Chat Completions); when they agree, ``.done`` is no tool-call event.
 
 Finish reason: llama-server's ``status`` is ``"completed"`` even after a ``max_output_tokens``
 cut, and the response states neither the limit nor a stop word, so a natural end and a cut are
@@ -37,11 +35,9 @@ would say ``"length"``): the response holds nothing that tells the two apart.
 from __future__ import annotations
 
 import re
-import zlib
-from collections.abc import Callable
 from typing import Any
 
-from proxy.core.dialects.base import Dialect, ToolDelta
+from proxy.core.dialects.base import Dialect, StreamReader, ToolDelta
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["RESPONSES", "new_call_reader"]
@@ -53,8 +49,6 @@ _ARGS_DELTA = "response.function_call_arguments.delta"
 _ITEM_DONE = "response.output_item.done"
 _ARGS_DONE = "response.function_call_arguments.done"
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
-
-StreamReader = Callable[[dict[str, Any]], list[ToolDelta] | None]
 
 
 def _is_responses(path: str) -> bool:
@@ -128,31 +122,6 @@ def _call_item(obj: dict[str, Any]) -> dict[str, Any] | None:
     return item if isinstance(item, dict) and item.get("type") == "function_call" else None
 
 
-def _key(item_id: Any) -> int:
-    """A stateless call key: a checksum of the item id (0 for a missing one)."""
-    return zlib.crc32(item_id.encode()) if isinstance(item_id, str) else 0
-
-
-def _stateless_deltas(obj: dict[str, Any]) -> list[ToolDelta] | None:
-    """The name-bearing ``function_call`` item and every argument fragment, keyed by
-    :func:`_key`; ``.done`` events are lifecycle here (no state to compare them with)."""
-    kind = obj.get("type")
-    if kind == _ADDED:
-        item = _call_item(obj)
-        if item is None:
-            return None
-        return [
-            (
-                _key(item.get("id")),
-                _text(item.get("name")) or None,
-                _text(item.get("arguments")) or None,
-            )
-        ]
-    if kind == _ARGS_DELTA:
-        return [(_key(obj.get("item_id")), None, _text(obj.get("delta")))]
-    return None
-
-
 class _CallReader:
     """One response's calls: item id to index in order of appearance, and the argument text
     streamed so far, to compare with the full text of a call's ``.done`` item."""
@@ -215,9 +184,8 @@ class _CallReader:
 
 
 def new_call_reader() -> StreamReader:
-    """A fresh ``stream_tool_deltas`` for one response, numbering its calls 0, 1, … in the
-    order they were added and completing them from their ``.done`` items; use it once per
-    response, e.g. ``dataclasses.replace(RESPONSES, stream_tool_deltas=new_call_reader())``."""
+    """A reader of one response's tool calls, numbering them 0, 1, … in the order they were
+    added and completing them from their ``.done`` items."""
     return _CallReader()
 
 
@@ -270,7 +238,7 @@ RESPONSES = Dialect(
         rb'function_call_arguments\.(?:delta|done)|completed|incomplete|failed)")'
     ),
     finish_reasons=_finish_reasons,
-    stream_tool_deltas=_stateless_deltas,
+    tool_reader=new_call_reader,
     body_tool_calls=_body_tool_calls,
     tool_names=_tool_names,
     tool_request=_tool_request,
@@ -278,7 +246,5 @@ RESPONSES = Dialect(
     end_data=None,
     ends=_ends,
     model=_model,
-    new_stream=new_call_reader,
 )
-"""The Responses API. The tracker reads each response's calls with its own
-:func:`new_call_reader` (``new_stream``); ``stream_tool_deltas`` is the stateless fallback."""
+"""The Responses API; each response's calls are read by a :func:`new_call_reader` of its own."""

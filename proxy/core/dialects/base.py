@@ -10,6 +10,7 @@ from typing import Any
 from proxy.core.record import ServerTimings
 
 __all__ = [
+    "PLACEHOLDER_TURN",
     "Dialect",
     "StreamReader",
     "ToolDelta",
@@ -18,6 +19,9 @@ __all__ = [
     "top_level_error",
     "top_level_model",
 ]
+
+PLACEHOLDER_TURN: dict[str, str] = {"role": "user", "content": "."}
+"""The one user turn a :attr:`Dialect.system_turn` keeps: templates render nothing without one."""
 
 ToolDelta = tuple[int, str | None, str | None]
 """One tool-call fragment: (call index, name or None, argument text or None)."""
@@ -92,3 +96,14 @@ class Dialect:
     """The served model's name an event or body states."""
     error: Callable[[dict[str, Any]], str | None] = top_level_error
     """The upstream error an event or body states, as ``type:code``."""
+    count_path: str | None = None
+    """llama-server's endpoint that counts a request's prompt tokens in this API's own shape
+    (``{"input_tokens": N}``), or None: the schema's tokens are counted through it."""
+    system_turn: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """The request in this API's shape cut to what renders before the conversation (system
+    text, tools, template options) with one :data:`PLACEHOLDER_TURN` as its conversation:
+    all that decides where the tools block sits, so the key of the look-ups' cache."""
+    chat_form: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """A :attr:`system_turn` as the Chat Completions body llama-server converts it to before
+    its template runs: ``/apply-template``, which finds where the tools block sits, takes
+    only that form."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.core.dialects.base import Dialect, ToolDelta, stateless
+from proxy.core.dialects.base import PLACEHOLDER_TURN, Dialect, ToolDelta, stateless
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["CHAT_COMPLETIONS"]
@@ -112,6 +112,17 @@ def _tool_names(tools: Any) -> frozenset[str]:
     return frozenset(names)
 
 
+def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with its leading system (or developer) messages and a placeholder turn."""
+    messages = body.get("messages")
+    leading: list[Any] = []
+    for message in messages if isinstance(messages, list) else ():
+        if not (isinstance(message, dict) and message.get("role") in ("system", "developer")):
+            break
+        leading.append(message)
+    return {**body, "messages": [*leading, PLACEHOLDER_TURN]}
+
+
 CHAT_COMPLETIONS = Dialect(
     name="chat_completions",
     handles=_is_chat,
@@ -125,4 +136,7 @@ CHAT_COMPLETIONS = Dialect(
     tool_request=_tool_request,
     usage=_usage,
     end_data=b"[DONE]",
+    count_path="/v1/chat/completions/input_tokens",
+    system_turn=_system_turn,
+    chat_form=lambda turn: turn,
 )

@@ -31,7 +31,13 @@ from typing import Any
 
 import orjson
 
-from proxy.core.dialects.base import Dialect, ToolDelta, stateless, top_level_error
+from proxy.core.dialects.base import (
+    PLACEHOLDER_TURN,
+    Dialect,
+    ToolDelta,
+    stateless,
+    top_level_error,
+)
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["MESSAGES"]
@@ -178,6 +184,54 @@ def _error(obj: dict[str, Any]) -> str | None:
     return top_level_error(obj)
 
 
+def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with a placeholder turn as its ``messages`` (``system`` is a field)."""
+    return {**body, "messages": [PLACEHOLDER_TURN]}
+
+
+def _system_text(system: Any) -> str | None:
+    """``system`` as one string: ``text`` blocks joined with no separator."""
+    if isinstance(system, list):
+        return "".join(
+            str(block.get("text", ""))
+            for block in system
+            if isinstance(block, dict) and block.get("type") == "text"
+        )
+    return system if isinstance(system, str) else None
+
+
+_TOOL_CHOICE = {"auto": "auto", "any": "required", "tool": "required"}
+
+
+def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
+    """What llama-server's converter makes of a system turn: ``system`` as the first message,
+    each tool as a function whose parameters are its ``input_schema``, ``tool_choice``
+    ``auto``/``any``/``tool`` as ``auto``/``required`` (the rest dropped)."""
+    messages: list[Any] = []
+    if (system := _system_text(turn.get("system"))) is not None:
+        messages.append({"role": "system", "content": system})
+    messages.extend(m for m in turn.get("messages") or () if isinstance(m, dict))
+    out: dict[str, Any] = {k: turn[k] for k in ("model", "chat_template_kwargs") if k in turn}
+    tools = turn.get("tools")
+    if isinstance(tools, list):
+        out["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.get("name", ""),
+                    "description": t.get("description", ""),
+                    "parameters": t.get("input_schema", {}),
+                },
+            }
+            for t in tools
+            if isinstance(t, dict)
+        ]
+    choice = turn.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in _TOOL_CHOICE:
+        out["tool_choice"] = _TOOL_CHOICE[choice["type"]]
+    return {**out, "messages": messages}
+
+
 MESSAGES = Dialect(
     name="messages",
     handles=_is_messages,
@@ -196,4 +250,7 @@ MESSAGES = Dialect(
     ends=_ends,
     model=_model,
     error=_error,
+    count_path="/v1/messages/count_tokens",
+    system_turn=_system_turn,
+    chat_form=_chat_form,
 )

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.core.dialects.base import Dialect, StreamReader, ToolDelta
+from proxy.core.dialects.base import PLACEHOLDER_TURN, Dialect, StreamReader, ToolDelta
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["RESPONSES", "new_call_reader"]
@@ -225,6 +225,65 @@ def _model(obj: dict[str, Any]) -> str | None:
     return model if isinstance(model, str) else None
 
 
+def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with ``input`` cut to its leading system/developer messages and a placeholder
+    turn (``instructions`` stays: it becomes the first system message)."""
+    items = body.get("input")
+    leading: list[Any] = []
+    for item in items if isinstance(items, list) else ():
+        if not (
+            isinstance(item, dict)
+            and item.get("role") in ("system", "developer")
+            and item.get("type", "message") == "message"
+        ):
+            break
+        leading.append(item)
+    return {**body, "input": [*leading, PLACEHOLDER_TURN]}
+
+
+def _chat_content(content: Any) -> Any:
+    """``input_text`` parts as chat ``text`` parts; a string as it is."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "text", "text": part.get("text")}
+        for part in content
+        if isinstance(part, dict) and part.get("type") == "input_text"
+    ]
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A flat function tool as llama-server nests it, ``strict`` true unless given."""
+    function = {k: v for k, v in tool.items() if k != "type"}
+    function.setdefault("strict", True)
+    return {"type": "function", "function": function}
+
+
+def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
+    """What llama-server's converter makes of a system turn: ``instructions`` then the input
+    messages as chat messages, flat function tools nested (other tool types dropped), a
+    string ``tool_choice`` kept (other forms act as ``auto``)."""
+    messages: list[Any] = []
+    if isinstance(instructions := turn.get("instructions"), str):
+        messages.append({"role": "system", "content": instructions})
+    for item in turn.get("input") or ():
+        if isinstance(item, dict):
+            messages.append(
+                {"role": item.get("role"), "content": _chat_content(item.get("content"))}
+            )
+    out: dict[str, Any] = {
+        k: turn[k] for k in ("model", "parallel_tool_calls", "chat_template_kwargs") if k in turn
+    }
+    tools = turn.get("tools")
+    if isinstance(tools, list):
+        out["tools"] = [
+            _chat_tool(t) for t in tools if isinstance(t, dict) and t.get("type") == "function"
+        ]
+    if isinstance(choice := turn.get("tool_choice"), str):
+        out["tool_choice"] = choice
+    return {**out, "messages": messages}
+
+
 RESPONSES = Dialect(
     name="responses",
     handles=_is_responses,
@@ -246,5 +305,8 @@ RESPONSES = Dialect(
     end_data=None,
     ends=_ends,
     model=_model,
+    count_path="/v1/responses/input_tokens",
+    system_turn=_system_turn,
+    chat_form=_chat_form,
 )
 """The Responses API; each response's calls are read by a :func:`new_call_reader` of its own."""

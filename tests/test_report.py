@@ -22,10 +22,12 @@ from proxy.commands.report import (
     render_text,
     run_report,
 )
+from proxy.commands.report.summary import upstream_errors
 from proxy.config import BoardConfig
+from proxy.core.numbers import figure_or_dash
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, ModelMeta
-from proxy.core.stats import SUMMARY_FIELDS, Stats
+from proxy.core.stats import APIS, SUMMARY_FIELDS, Stats, percentile
 
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
 SEED_RUN_MEDIANS = [2070.0, 2061.0, 2066.0]  # ms, the seed's three reruns
@@ -437,6 +439,122 @@ class TestBuildReport:
         assert roof["kinds"]["tool"]["tool_call_bytes"] == pytest.approx(24.5e9)
         assert roof["floor_ms_per_token"] == pytest.approx(36.0, abs=0.05)
         assert any("(est.)" in line for line in roof["lines"])
+
+
+class TestPerApi:
+    """``by_api`` and ``upstream_errors`` in the document, and their lines in the text."""
+
+    @staticmethod
+    def mixed() -> list[Record]:
+        """Tool calls and chat turns of two APIs (Responses the slower), an upstream error
+        of each, and one request whose log line names no API."""
+        records = [
+            *(tool_call(i, t, api="chat_completions") for i, t in enumerate(SEED_TOOL_TOTALS)),
+            *(tool_call(10 + i, t + 500.0, api="responses") for i, t in enumerate([900.0, 1100.0])),
+            rec(20, Kind.CHAT, api="responses", ttft_ms=186.0, e2e_ms=2500.0, decode_tok_s=10.7),
+            rec(21, Kind.TOOL, Outcome.UPSTREAM_ERROR, api="responses", status=500, e2e_ms=3.0),
+            rec(22, Kind.TOOL, Outcome.UPSTREAM_ERROR, api="messages", status=400, e2e_ms=2.0),
+            rec(23, Kind.CHAT, e2e_ms=700.0),
+        ]
+        return records
+
+    def test_by_api_is_the_stats_breakdown(self, tmp_path: Path) -> None:
+        """For records that name their API, each API's kinds have /stats's by_api numbers
+        (count, window, split, every summary field) plus the kind's outcomes, and its
+        requests and upstream errors."""
+        records = [r for r in self.mixed() if r.api is not None]
+        stats = Stats(since="s")
+        for r in records:
+            stats.add(r)
+        expected = stats.snapshot()["by_api"]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        assert list(report["by_api"]) == list(expected)
+        for api, entry in expected.items():
+            got = report["by_api"][api]
+            assert got["requests"] == entry["requests"]
+            assert got["upstream_errors"] == entry["upstream_errors"]
+            for kind, summary in entry["kinds"].items():
+                for key in ("count", "window", "split", *SUMMARY_FIELDS):
+                    assert got["kinds"][kind][key] == summary[key], (api, kind, key)
+        tool = report["by_api"]["responses"]["kinds"]["tool"]
+        assert tool["outcomes"] == {"completed": 2, "upstream_error": 1}
+
+    def test_each_api_over_its_own_completed_records(self, tmp_path: Path) -> None:
+        """An API's tool median is over its own completed tool calls only: the upstream
+        error answered in 3 ms is not among them; the kinds stay across APIs."""
+        records = self.mixed()
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        for api in ("chat_completions", "responses"):
+            mine = sorted(
+                r.e2e_ms
+                for r in records
+                if r.api == api
+                and r.kind is Kind.TOOL
+                and r.outcome is Outcome.COMPLETED
+                and r.e2e_ms is not None
+            )
+            assert report["by_api"][api]["kinds"]["tool"]["e2e_ms"]["p50"] == percentile(mine, 0.5)
+        assert report["kinds"]["tool"]["count"] == sum(1 for r in records if r.kind is Kind.TOOL)
+
+    def test_order_and_unknown(self, tmp_path: Path) -> None:
+        """APIs come in the proxy's order (APIS), then ``unknown`` for lines without the
+        field; only APIs with requests are listed."""
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", self.mixed())]))
+        assert list(report["by_api"]) == ["chat_completions", "responses", "messages", "unknown"]
+        assert [a for a in APIS if a in report["by_api"]] == list(report["by_api"])[:3]
+        unknown = report["by_api"]["unknown"]
+        assert unknown["requests"] == 1 and unknown["kinds"]["chat"]["e2e_ms"]["p50"] == 700.0
+
+    def test_kind_filter_applies(self, tmp_path: Path) -> None:
+        """With --kind tool, by_api holds tool summaries only, of the APIs that had tool
+        requests."""
+        runs = load_runs([write_log(tmp_path / "a.jsonl", self.mixed())])
+        by_api = build_report(runs, kind="tool")["by_api"]
+        assert list(by_api) == ["chat_completions", "responses", "messages"]
+        assert all(list(entry["kinds"]) == ["tool"] for entry in by_api.values())
+
+    def test_upstream_errors_by_status(self, tmp_path: Path) -> None:
+        """The document counts upstream errors by status, across APIs and per API; the
+        function is the same over any records."""
+        records = self.mixed()
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        errors = [r for r in records if r.outcome is Outcome.UPSTREAM_ERROR]
+        assert report["upstream_errors"] == {
+            str(status): sum(1 for r in errors if r.status == status)
+            for status in sorted({r.status for r in errors if r.status is not None})
+        }
+        assert report["by_api"]["messages"]["upstream_errors"] == {"400": 1}
+        assert upstream_errors([rec(0, Kind.TOOL, Outcome.UPSTREAM_ERROR)]) == {"unknown": 1}
+        assert upstream_errors([rec(0, status=500)]) == {}
+
+    def test_text_table(self, tmp_path: Path) -> None:
+        """The text has a row per API and kind with requests (requests, completed, the
+        medians), the upstream errors by status, and no row for a kind an API did not
+        serve."""
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", self.mixed())]))
+        text = render_text(report)
+        lines = text.splitlines()
+        assert "upstream errors by status: 400 1, 500 1" in lines
+        start = lines.index("per API (medians of completed requests)")
+        table = lines[start + 1 : lines.index("", start)]
+        rows = [line.split() for line in table[1:]]
+        assert [row[:4] for row in rows] == [
+            ["chat_completions", "tool", "5", "5"],
+            ["responses", "chat", "1", "1"],
+            ["responses", "tool", "3", "2"],
+            ["messages", "tool", "1", "0"],
+            ["unknown", "chat", "1", "1"],
+        ]
+        e2e = table[0].split().index("e2e") - 1  # "api kind requests completed TTFT ms ..."
+        p50 = report["by_api"]["responses"]["kinds"]["tool"]["e2e_ms"]["p50"]
+        assert rows[2][e2e] == figure_or_dash(p50)
+        assert all(len(line) <= 100 for line in table)
+
+    def test_text_without_apis(self, tmp_path: Path) -> None:
+        """A log that names no API (older, or another harness's) and has no upstream error
+        prints neither the per-API table nor the errors line."""
+        text = render_text(build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)])))
+        assert "per API" not in text and "upstream errors" not in text
 
 
 class TestMedianRecord:

@@ -1,4 +1,5 @@
-"""Tests for proxy.core.stats: percentiles, per-kind summaries and the bounded /stats aggregate."""
+"""Tests for proxy.core.stats: percentiles, per-kind and per-API summaries, upstream errors
+by status and the bounded /stats aggregate."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import pytest
 
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.stats import (
+    APIS,
     SUMMARY_FIELDS,
     Stats,
+    api_name,
     cache_ratio,
     percentile,
     quantiles,
+    status_name,
     summarize,
     summarize_cache,
     summarize_kind,
@@ -399,3 +403,229 @@ class TestOnlyCompletedLatencies:
         doc = stats.snapshot()
         assert doc["apis"] == {"responses": 1, "chat_completions": 1, "other": 1}
         assert doc["kinds"]["tool"]["count"] == 2
+
+
+def run_steps(stats: Stats) -> tuple[int, dict[str, Any]]:
+    """How many times ``stats.snapshot_steps()`` yields, and the document it returns."""
+    steps = stats.snapshot_steps()
+    yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return yields, done.value
+        yields += 1
+
+
+def two_apis() -> tuple[Stats, list[Record]]:
+    """A Stats fed completed chat and tool records of two APIs with different timings
+    (Responses slower), interleaved, and the records."""
+    records = [
+        rec(
+            i,
+            Kind.TOOL if i % 3 else Kind.CHAT,
+            api="responses" if i % 2 else "chat_completions",
+            ttft_ms=float(10 * i + (500 if i % 2 else 0)),
+            e2e_ms=float(1000 + i),
+            prefill_ms=float(i),
+            decode_ms=float(2 * i),
+        )
+        for i in range(40)
+    ]
+    stats = Stats(since="s", window=100)
+    for r in records:
+        stats.add(r)
+    return stats, records
+
+
+class TestPerApi:
+    """``by_api``: each API's requests, upstream errors and chat/tool latency summaries."""
+
+    def test_each_api_is_summarised_over_its_own_records(self) -> None:
+        """Each API's chat and tool summaries are summarize_kind over that API's completed
+        records of the kind (count and window included); the kinds stay across APIs."""
+        stats, records = two_apis()
+        doc = stats.snapshot()
+        assert list(doc["by_api"]) == ["chat_completions", "responses"]
+        for api, entry in doc["by_api"].items():
+            mine = [r for r in records if r.api == api]
+            assert entry["requests"] == len(mine) == doc["apis"][api]
+            assert entry["upstream_errors"] == {}
+            for kind in (Kind.CHAT, Kind.TOOL):
+                of_kind = [r for r in mine if r.kind is kind]
+                expected = {**summarize_kind(of_kind), "window": len(of_kind)}
+                assert entry["kinds"][str(kind)] == expected
+        assert doc["kinds"]["tool"]["count"] == sum(1 for r in records if r.kind is Kind.TOOL)
+        assert doc["kinds"]["tool"]["ttft_ms"] == summarize(records)["tool"]["ttft_ms"]
+
+    def test_only_apis_with_requests_are_listed(self) -> None:
+        """An API with no request is absent; one with only ``other`` requests (the
+        completion endpoints) is listed with empty chat and tool summaries."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.OTHER, api="completions", e2e_ms=5.0))
+        stats.add(rec(1, Kind.CHAT, api="messages", e2e_ms=7.0))
+        by_api = stats.snapshot()["by_api"]
+        assert set(by_api) == {"messages", "completions"}
+        empty = by_api["completions"]["kinds"]
+        assert (empty["chat"]["count"], empty["chat"]["window"]) == (0, 0)
+        assert empty["tool"]["e2e_ms"] == {"p50": None, "p90": None, "p99": None}
+        assert by_api["messages"]["kinds"]["chat"]["e2e_ms"]["p50"] == 7.0
+        assert Stats(since="s").snapshot()["by_api"] == {}
+
+    def test_unknown_api_names_fold_into_other(self) -> None:
+        """A record with no ``api`` or a name no dialect has counts as ``other``, so the
+        set of APIs is bounded by APIS whatever the records say."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.CHAT, api=None, e2e_ms=1.0))
+        stats.add(rec(1, Kind.CHAT, api="made_up", e2e_ms=3.0))
+        stats.add(rec(2, Kind.CHAT, api="responses", e2e_ms=9.0))
+        doc = stats.snapshot()
+        assert doc["apis"] == {"other": 2, "responses": 1}
+        assert set(doc["by_api"]) <= set(APIS)
+        assert doc["by_api"]["other"]["kinds"]["chat"]["e2e_ms"]["p50"] == 2.0
+        assert [api_name(a) for a in (None, "made_up", *APIS)] == ["other", "other", *APIS]
+        assert set(APIS) == {"chat_completions", "responses", "messages", "completions", "other"}
+
+    def test_api_windows_are_bounded_and_keep_a_rare_api(self) -> None:
+        """Each API's window holds its own last ``window`` completed records of the kind:
+        a busy API cannot push a rare one's records out, and none grows past the bound."""
+        stats = Stats(since="s", window=5)
+        stats.add(rec(0, Kind.TOOL, api="messages", e2e_ms=777.0))
+        for i in range(1, 50):
+            stats.add(rec(i, Kind.TOOL, api="chat_completions", e2e_ms=float(i)))
+        doc = stats.snapshot()
+        rare = doc["by_api"]["messages"]["kinds"]["tool"]
+        busy = doc["by_api"]["chat_completions"]["kinds"]["tool"]
+        assert (rare["count"], rare["window"], rare["e2e_ms"]["p50"]) == (1, 1, 777.0)
+        assert (busy["count"], busy["window"]) == (49, 5)
+        assert busy["e2e_ms"]["p50"] == percentile([45.0, 46.0, 47.0, 48.0, 49.0], 0.5)
+        assert doc["kinds"]["tool"]["window"] == 5
+        assert 777.0 not in doc["kinds"]["tool"]["e2e_ms"].values()
+
+    def test_errors_count_per_api_but_stay_out_of_its_percentiles(self) -> None:
+        """A request that did not complete counts in its API's requests and kind count,
+        not in the window or the percentiles."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.TOOL, api="responses", e2e_ms=900.0))
+        stats.add(rec(1, Kind.TOOL, Outcome.UPSTREAM_ERROR, api="responses", e2e_ms=2.0))
+        stats.add(rec(2, Kind.TOOL, Outcome.CLIENT_CLOSED, api="responses", e2e_ms=1.0))
+        entry = stats.snapshot()["by_api"]["responses"]
+        tool = entry["kinds"]["tool"]
+        assert entry["requests"] == 3
+        assert (tool["count"], tool["window"]) == (3, 1)
+        assert tool["e2e_ms"] == {"p50": 900.0, "p90": 900.0, "p99": 900.0}
+
+    def test_one_api_costs_no_extra_sort(self) -> None:
+        """While one API serves every request its summaries are the kinds' (but for
+        ``count``, which counts that API's requests): the snapshot yields once per field of
+        the two kind windows only."""
+        stats = Stats(since="s", window=10)
+        for i in range(30):
+            kind = Kind.TOOL if i % 2 else Kind.CHAT
+            outcome = Outcome.CLIENT_CLOSED if i % 7 == 0 else Outcome.COMPLETED
+            stats.add(rec(i, kind, outcome, api="messages", ttft_ms=float(i)))
+        stats.add(rec(99, Kind.CHAT, Outcome.UPSTREAM_ERROR, api="responses", status=500))
+        yields, doc = run_steps(stats)
+        assert yields == 2 * len(SUMMARY_FIELDS)
+        kinds = doc["by_api"]["messages"]["kinds"]
+        for name in ("chat", "tool"):
+            assert {k: v for k, v in kinds[name].items() if k != "count"} == {
+                k: v for k, v in doc["kinds"][name].items() if k != "count"
+            }
+        assert kinds["chat"]["count"] == doc["kinds"]["chat"]["count"] - 1
+        assert doc["by_api"]["responses"]["kinds"]["chat"]["window"] == 0
+        assert doc == stats.snapshot()
+
+    def test_several_apis_sort_each_window_in_steps(self) -> None:
+        """With two APIs each window of each API's kind is sorted in its own steps (one per
+        field), and the stepwise document equals snapshot()."""
+        stats, _ = two_apis()
+        yields, doc = run_steps(stats)
+        assert yields == (2 + 2 * 2) * len(SUMMARY_FIELDS)
+        assert doc == stats.snapshot()
+
+    def test_api_summaries_share_nothing_with_the_kinds(self) -> None:
+        """A summary copied from its kind's is a copy: changing one leaves the other."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.CHAT, api="responses", ttft_ms=5.0))
+        doc = stats.snapshot()
+        doc["by_api"]["responses"]["kinds"]["chat"]["ttft_ms"]["p50"] = -1.0
+        assert doc["kinds"]["chat"]["ttft_ms"]["p50"] == 5.0
+
+    def test_stepwise_snapshot_keeps_the_api_state_it_started_with(self) -> None:
+        """Records of another API added during a stepwise snapshot enter neither its
+        ``apis``, ``by_api`` nor ``upstream_errors``."""
+        stats = Stats(since="s", window=5)
+        for i in range(4):
+            stats.add(rec(i, Kind.CHAT, api="chat_completions", ttft_ms=1.0))
+        steps = stats.snapshot_steps()
+        next(steps)
+        for i in range(4, 10):
+            stats.add(rec(i, Kind.CHAT, api="responses", ttft_ms=50.0))
+            stats.add(rec(i + 10, Kind.TOOL, Outcome.UPSTREAM_ERROR, api="responses", status=500))
+        doc = None
+        while doc is None:
+            try:
+                next(steps)
+            except StopIteration as done:
+                doc = done.value
+        assert doc["apis"] == {"chat_completions": 4}
+        assert list(doc["by_api"]) == ["chat_completions"]
+        assert doc["by_api"]["chat_completions"]["kinds"]["chat"]["ttft_ms"]["p99"] == 1.0
+        assert doc["upstream_errors"] == {}
+        assert stats.snapshot()["by_api"]["responses"]["upstream_errors"] == {"500": 6}
+
+    def test_api_windows_hold_nothing_the_collector_walks(self) -> None:
+        """The windows per API hold the kind windows' own rows: with two APIs, 1,000
+        records still leave only the recent records (and a few deques) to the collector."""
+        stats = Stats(since="s", recent=5, window=1000)
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(1000):
+            api = "responses" if i % 2 else "messages"
+            stats.add(rec(i, Kind.TOOL if i % 4 < 2 else Kind.CHAT, api=api, ttft_ms=float(i)))
+        gc.collect()
+        assert len(gc.get_objects()) - before < 100
+        assert stats.snapshot()["by_api"]["responses"]["kinds"]["tool"]["window"] == 250
+
+
+class TestUpstreamErrors:
+    """``upstream_errors``: requests llama-server answered with an HTTP error, by status."""
+
+    def test_counted_by_status(self) -> None:
+        """Only upstream_error records count, under their status as a string, in status
+        order; other outcomes (a completed 200, a client that left) do not."""
+        stats = Stats(since="s")
+        statuses = [500, 400, 500, 500, 503]
+        for i, status in enumerate(statuses):
+            stats.add(rec(i, Kind.TOOL, Outcome.UPSTREAM_ERROR, status=status, e2e_ms=3.0))
+        stats.add(rec(10, Kind.TOOL, status=200, e2e_ms=800.0))
+        stats.add(rec(11, Kind.TOOL, Outcome.CLIENT_CLOSED, status=200))
+        doc = stats.snapshot()
+        expected = {str(s): statuses.count(s) for s in sorted(set(statuses))}
+        assert doc["upstream_errors"] == expected
+        assert list(doc["upstream_errors"]) == ["400", "500", "503"]
+        assert doc["outcomes"]["upstream_error"] == len(statuses)
+        assert doc["kinds"]["tool"]["e2e_ms"]["p50"] == 800.0
+
+    def test_per_api_and_across(self) -> None:
+        """Each API has its own counts; the top level sums them. A record without a status
+        counts as ``unknown``."""
+        stats = Stats(since="s")
+        stats.add(rec(0, Kind.TOOL, Outcome.UPSTREAM_ERROR, api="responses", status=500))
+        stats.add(rec(1, Kind.CHAT, Outcome.UPSTREAM_ERROR, api="messages", status=500))
+        stats.add(rec(2, Kind.OTHER, Outcome.UPSTREAM_ERROR, api="completions", status=None))
+        doc = stats.snapshot()
+        assert doc["upstream_errors"] == {"500": 2, "unknown": 1}
+        assert {api: e["upstream_errors"] for api, e in doc["by_api"].items()} == {
+            "responses": {"500": 1},
+            "messages": {"500": 1},
+            "completions": {"unknown": 1},
+        }
+        assert status_name(None) == "unknown" and status_name(404) == "404"
+
+    def test_empty(self) -> None:
+        """No upstream error: an empty object, not a missing key."""
+        stats = Stats(since="s")
+        stats.add(rec(0))
+        assert stats.snapshot()["upstream_errors"] == {}

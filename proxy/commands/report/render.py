@@ -52,6 +52,14 @@ _RUN_COLS: tuple[tuple[str, str, _Format], ...] = (
     ("decode_ms", "decode ms", _ms),
     ("decode_tok_s", "tok/s", _rate),
 )
+_API_COLS: tuple[tuple[str, str, _Format], ...] = (
+    ("ttft_ms", "TTFT ms", _ms),
+    ("prefill_ms", "prefill ms", _ms),
+    ("e2e_ms", "e2e ms", _ms),
+    ("tool_call_ms", "tool ms", _ms),
+    ("decode_tok_s", "tok/s", _rate),
+)
+"""The medians the per-API table shows (``--json`` has every percentile)."""
 
 _LABEL = 26
 _COL = 10
@@ -206,6 +214,45 @@ def _per_run_lines(kind: str, per_run: Mapping[str, Any]) -> list[str]:
     return [*lines, *_spread_lines(rows, spread)]
 
 
+def _api_rows(by_api: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """(api, kind, summary) of each kind each API had requests of."""
+    return [
+        (api, kind, s)
+        for api, entry in by_api.items()
+        for kind, s in entry["kinds"].items()
+        if s["count"]
+    ]
+
+
+def _by_api_lines(report: Mapping[str, Any]) -> list[str]:
+    """The medians of each API's chat and tool requests, one row per API and kind (only
+    those with requests); nothing for logs that do not name the API."""
+    by_api: Mapping[str, Any] = report.get("by_api") or {}
+    rows = _api_rows(by_api) if set(by_api) - {"unknown"} else []
+    if not rows:
+        return []
+    cols = [c for c in _API_COLS if any(s[c[0]]["p50"] is not None for _, _, s in rows)]
+    width = max(12, *(len(api) for api, _, _ in rows))
+    head = f"  {'api':<{width}}  {'kind':<6}{'requests':>9}{'completed':>10}" + "".join(
+        f"{label:>{_COL + 1}}" for _, label, _ in cols
+    )
+    lines = ["per API (medians of completed requests)", head]
+    for api, kind, s in rows:
+        lines.append(
+            f"  {api:<{width}}  {kind:<6}{s['count']:>9,}{s['window']:>10,}"
+            + "".join(f"{fmt(s[name]['p50']):>{_COL + 1}}" for name, _, fmt in cols)
+        )
+    return lines
+
+
+def _upstream_error_lines(report: Mapping[str, Any]) -> list[str]:
+    """The requests llama-server answered with an HTTP error, by status."""
+    errors: Mapping[str, int] = report.get("upstream_errors") or {}
+    if not errors:
+        return []
+    return ["upstream errors by status: " + ", ".join(f"{s} {n:,}" for s, n in errors.items())]
+
+
 def _roofline_hint(report: Mapping[str, Any]) -> list[str]:
     roof = report["roofline"]
     need: list[str] = []
@@ -298,12 +345,17 @@ def render_text(report: Mapping[str, Any]) -> str:
     apis = report.get("apis") or {}
     if set(apis) - {"unknown"}:
         lines.append("api: " + ", ".join(f"{name} {n:,}" for name, n in sorted(apis.items())))
+    lines.extend(_upstream_error_lines(report))
     lines.extend(_missing_lines(report))
     lines.append(f"{COMPLETED_ONLY};")
     lines.append("prefill and decode are llama-server's clock, the other times the proxy's")
     for kind, summary in report["kinds"].items():
         lines.append("")
         lines.extend(_kind_lines(kind, summary))
+    by_api = _by_api_lines(report)
+    if by_api:
+        lines.append("")
+        lines.extend(by_api)
     if len(report["runs"]) > 1:
         for kind, per_run in report["per_run"].items():
             block = _per_run_lines(kind, per_run)

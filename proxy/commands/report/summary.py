@@ -6,6 +6,10 @@ the document states: percentiles are taken over *completed* requests only (the o
 counted by outcome), and every record of the files counts (``/stats`` keeps a sliding
 window).
 
+``by_api`` breaks the kinds down by the API the requests were read with (``/stats``'s
+``by_api``, over every record and with each kind's ``outcomes``), and ``upstream_errors``
+counts the requests llama-server answered with an HTTP error, by status.
+
 Records read from another harness's log may lack fields (see :mod:`.load`); the document
 lists which and how often (``missing_fields``). A record without an ``outcome`` counts as
 completed: such a log holds the calls it timed, and the proxy's own log always says the
@@ -23,7 +27,14 @@ from proxy.commands.report.errors import ReportError
 from proxy.commands.report.load import RECORD_FIELDS, Run
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, Medians, ModelMeta, roofline_lines, roofline_summary
-from proxy.core.stats import percentile, quantiles, summarize_cache, summarize_kind
+from proxy.core.stats import (
+    APIS,
+    percentile,
+    quantiles,
+    status_name,
+    summarize_cache,
+    summarize_kind,
+)
 
 __all__ = [
     "COMPLETED_ONLY",
@@ -35,6 +46,7 @@ __all__ = [
     "completed",
     "median_call",
     "median_record",
+    "upstream_errors",
 ]
 
 KINDS: tuple[str, ...] = (str(Kind.CHAT), str(Kind.TOOL))
@@ -163,6 +175,46 @@ def _summarize(records: Sequence[Record], kind: str) -> dict[str, Any]:
     return out
 
 
+def upstream_errors(records: Iterable[Record]) -> dict[str, int]:
+    """The records llama-server answered with an HTTP error (outcome ``upstream_error``),
+    counted by status (``"500"``; ``"unknown"`` without one), in status order."""
+    counts = Counter(status_name(r.status) for r in records if r.outcome is Outcome.UPSTREAM_ERROR)
+    return dict(sorted(counts.items()))
+
+
+def _api_kind(records: Sequence[Record]) -> dict[str, Any]:
+    """``/stats``'s summary of one API's requests of one kind (percentiles over the
+    completed ones), with their ``outcomes``."""
+    done = completed(records)
+    out = summarize_kind(done)
+    out["count"] = len(records)
+    out["window"] = len(done)
+    out["outcomes"] = dict(Counter(str(r.outcome) for r in records))
+    return out
+
+
+def _api_order(api: str) -> tuple[int, str]:
+    """The order of ``by_api``: the proxy's APIs as :data:`APIS` lists them, then any
+    other name (``unknown``, another harness's) alphabetically."""
+    return (APIS.index(api), "") if api in APIS else (len(APIS), api)
+
+
+def _by_api(records: Sequence[Record], kinds: Sequence[str]) -> dict[str, Any]:
+    """Per API that had requests (``unknown`` for records without an ``api``): its
+    requests, upstream errors by status and a summary per kind (:func:`_api_kind`)."""
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        groups.setdefault(r.api or "unknown", []).append(r)
+    return {
+        api: {
+            "requests": len(group),
+            "upstream_errors": upstream_errors(group),
+            "kinds": {k: _api_kind([r for r in group if r.kind == k]) for k in kinds},
+        }
+        for api, group in sorted(groups.items(), key=lambda item: _api_order(item[0]))
+    }
+
+
 def _spread(medians: list[float]) -> dict[str, float] | None:
     if len(medians) < 2:
         return None
@@ -231,7 +283,8 @@ def build_report(
     board: Board | None = None,
 ) -> dict[str, Any]:
     """The report document: runs, the ``/stats``-shaped ``kinds`` (across APIs; ``apis``
-    counts the requests per API, ``unknown`` for a log without the field), ``per_run`` medians with
+    counts the requests per API, ``unknown`` for a log without the field, and ``by_api``
+    summarises each API's kinds), ``upstream_errors`` by status, ``per_run`` medians with
     the spread between runs, the ``roofline`` (estimates, when model/board are known), and
     the record fields the logs lacked (``missing_fields``, with ``unknown`` saying how
     records without an outcome or a kind were counted).
@@ -261,8 +314,10 @@ def build_report(
         "unknown": _unknown(missing),
         "models": sorted({r.model for r in chosen if r.model}),
         "outcomes": dict(Counter(str(r.outcome) for r in chosen)),
+        "upstream_errors": upstream_errors(chosen),
         "apis": dict(Counter(r.api or "unknown" for r in chosen)),
         "kinds": summaries,
+        "by_api": _by_api(chosen, kinds),
         "cache": summarize_cache(completed(chosen)),
         "per_run": {k: _per_run(runs, k) for k in kinds},
         "roofline": roofline,

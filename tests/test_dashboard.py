@@ -280,6 +280,12 @@ class TestRequestClocks:
         assert "400" in (await failed.text_content() or "")
         assert await failed.evaluate("r => r.classList.contains('err')")
 
+    async def test_upstream_errors_are_counted_by_status(self, shown: Shown) -> None:
+        """The outcomes card names the upstream's error statuses and their counts, from
+        /stats upstream_errors (the 400 answer is outcome upstream_error, not completed)."""
+        badge = shown.page.locator('[data-field="http-errors"]')
+        assert (await badge.text_content() or "").strip() == "upstream HTTP 400 ×1"
+
     async def test_summary_counts_each_kind(self, shown: Shown) -> None:
         """The summary cards count the requests of each kind and split the chat time."""
         page = shown.page

@@ -411,6 +411,12 @@ TOOL_FACTS = RequestFacts(
 
 
 class TestBuildRecord:
+    def test_unrecognised_response_has_unknown_counts(self) -> None:
+        """A response in which nothing was the API's own has null token and call counts,
+        not zeros (its events are still counted)."""
+        r = build_record(_exchange(), TOOL_FACTS, Observation(first_byte_s=0.5, events=3))
+        assert (r.tool_calls, r.token_events, r.events) == (None, None, 3)
+
     def test_stream_with_tool_call(self) -> None:
         """Wall-clock fields come from the observation, server fields from its timings."""
         obs = Observation(
@@ -428,6 +434,7 @@ class TestBuildRecord:
             model="gemma3.gguf",
             finish_reason="tool_calls",
             tool_calls=(ToolCall(0, "get_weather", '{"city": "Paris"}'),),
+            recognised=True,
             done=True,
         )
         r = build_record(_exchange(), TOOL_FACTS, obs)
@@ -465,8 +472,10 @@ class TestBuildRecord:
         assert r.error == "upstream_unreachable"
 
     def test_observation_without_calls(self) -> None:
-        """An observed response with no calls records 0 calls and no tool time."""
-        obs = Observation(first_byte_s=0.5, first_token_s=0.5, last_token_s=0.5)
+        """An observed response with a token and no calls records 0 calls and no tool time."""
+        obs = Observation(
+            first_byte_s=0.5, first_token_s=0.5, last_token_s=0.5, token_events=1, recognised=True
+        )
         r = build_record(_exchange(), TOOL_FACTS, obs)
         assert r.tool_calls == 0
         assert r.tool_call_ms is None

@@ -75,6 +75,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         else None
     )
     counted = obs is not None and obs.analysed
+    recognised = counted and o.recognised
     analysis_error = facts.error or o.analysis_error
     if o.oversized_events and analysis_error is None:
         analysis_error = f"oversized_events:{o.oversized_events}"
@@ -96,7 +97,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         e2e_ms=ms(ex.end_s),
         decode_wall_ms=ms(decode_wall),
         **derived,
-        tool_calls=len(o.tool_calls) if counted else None,
+        tool_calls=len(o.tool_calls) if recognised else None,
         tool_call_valid=tool_calls_valid(o.tool_calls, facts.tool_names),
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
         tool_call_tokens=tool_tokens,
@@ -104,7 +105,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span else None,
         finish_reason=o.finish_reason,
         events=o.events if counted else None,
-        token_events=o.token_events if counted else None,
+        token_events=o.token_events if recognised else None,
         request_bytes=ex.request_bytes,
         response_bytes=o.response_bytes if obs is not None else None,
     )

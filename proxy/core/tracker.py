@@ -66,6 +66,9 @@ class Observation:
     oversized_events: int = 0
     done: bool = False
     analysed: bool = True
+    recognised: bool = False
+    """Something in the response was the API's own: a token, a tool call, counts, a finish
+    reason, an error or an end. Without it the token and call counts are unknown, not 0."""
 
 
 @dataclass(slots=True)
@@ -260,6 +263,15 @@ class StreamTracker:
             analysis_error=self._analysis_error,
             oversized_events=oversized,
             done=self._done,
+            recognised=bool(
+                self._token_events
+                or self._calls
+                or self._timings
+                or self._usage
+                or self._finish is not None
+                or self._error is not None
+                or self._done
+            ),
             analysed=self._skip is None,
         )
 

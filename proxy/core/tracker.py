@@ -133,9 +133,10 @@ class StreamTracker:
         """Body bytes fed so far."""
         return self._bytes
 
-    def feed(self, chunk: bytes) -> None:
-        """Take one forwarded chunk. Never raises."""
-        now = self._clock() - self._t0
+    def feed(self, chunk: bytes, at: float | None = None) -> None:
+        """Take one forwarded chunk, read from the upstream at clock time ``at`` (now when
+        not given). Never raises."""
+        now = (self._clock() if at is None else at) - self._t0
         if self._first_byte is None:
             self._first_byte = now
         self._last_byte = now

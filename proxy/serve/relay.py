@@ -241,6 +241,7 @@ class Relay:
         flight.headers_sent = True
         read = upstream.content.readany
         write = resp.write
+        clock = self._clock
         idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
         deadlines = Deadlines(
             idle, write_timeout, Outcome.UPSTREAM_IDLE_TIMEOUT, Outcome.CLIENT_STALLED
@@ -260,13 +261,14 @@ class Relay:
                     )
                 if not chunk:
                     break
+                arrived = clock()  # before the write, which may yield to other tasks
                 deadlines.writing()
                 try:
                     await write(chunk)
                 except ConnectionError:
                     flight.outcome = _client_gone(flight)
                     return resp
-                tracker.feed(chunk)
+                tracker.feed(chunk, arrived)
             deadlines.idle()
             try:
                 await resp.write_eof()

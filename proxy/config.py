@@ -109,6 +109,13 @@ class AccountingConfig:
     enabled: bool = True
     lookup_timeout_s: float = field(default=10.0, metadata={"gt": 0})
     cache_entries: int = field(default=1024, metadata={"ge": 1})
+    attribution: bool = True
+    attribution_history: int = field(default=64, metadata={"ge": 1})
+
+
+@dataclass(frozen=True, slots=True)
+class PrivacyConfig:
+    show_diff_text: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +133,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     board: BoardConfig = field(default_factory=BoardConfig)
 
 

@@ -37,6 +37,9 @@ RECORD_FIELDS = [
     *("tool_args_tokens", "tool_args_chars", "tool_args_tokens_source"),
     *("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source", "schema_cached"),
     *("schema_prefill_ms", "schema_saved_ms", "schema_prefilled_again", "accounting_error"),
+    *("prefix_kind", "reusable_tokens", "cache_lost_tokens", "diverged_at", "diverged_section"),
+    *("diverged_cost_ms", "prefill_cause", "prefill_lost_ms", "conversation", "turn"),
+    *("diverged_text", "attribution_error"),
     *("decode_gbs", "roof_ratio"),
     *("finish_reason", "events", "token_events", "request_bytes", "response_bytes"),
 ]

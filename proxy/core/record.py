@@ -166,6 +166,19 @@ class Record:
     schema_saved_ms: float | None = None
     schema_prefilled_again: bool | None = None
     accounting_error: str | None = None
+
+    prefix_kind: str | None = None
+    reusable_tokens: int | None = None
+    cache_lost_tokens: int | None = None
+    diverged_at: int | None = None
+    diverged_section: str | None = None
+    diverged_cost_ms: float | None = None
+    prefill_cause: str | None = None
+    prefill_lost_ms: float | None = None
+    conversation: str | None = None
+    turn: int | None = None
+    diverged_text: dict[str, str] | None = None
+    attribution_error: str | None = None
     # roofline (estimates: weights read once per decoded token)
     decode_gbs: float | None = None
     roof_ratio: float | None = None

@@ -31,6 +31,7 @@ __all__ = [
     "SchemaCost",
     "SchemaLayout",
     "differing_region",
+    "digest",
     "layout_bodies",
     "render_key",
     "schema_cost",
@@ -69,6 +70,11 @@ def _canonical(obj: Any) -> bytes:
         else:
             out.append(repr(item).encode())
     return b"".join(out)
+
+
+def digest(obj: Any) -> str:
+    """The SHA-256 of parsed JSON's canonical form (keys sorted, any depth)."""
+    return _digest(obj)
 
 
 def schema_hash(tools: list[Any]) -> str:

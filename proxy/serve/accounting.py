@@ -20,12 +20,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
 from proxy.core.dialects import CHAT_COMPLETIONS, Dialect
+from proxy.core.prefix import RenderedPrompt
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
 from proxy.core.schema import (
@@ -40,11 +41,14 @@ from proxy.core.schema import (
     token_span,
 )
 from proxy.core.tracker import Observation
+from proxy.serve.attribution import Attributor
 from proxy.serve.tasks import spawn
 from proxy.serve.upstream import auth_headers
 
 __all__ = ["Accounting", "Pending", "SchemaInfo", "estimate_tokens"]
 
+
+_T = TypeVar("_T")
 
 REFERENCE_MIN_TOKENS = 64
 """Prefills shorter than this are not used as the reference rate for saved ms."""
@@ -83,6 +87,7 @@ class Pending:
 
     facts: RequestFacts
     schema: asyncio.Task[SchemaInfo] | None
+    prompt: asyncio.Task[RenderedPrompt] | None = None
 
 
 @dataclass(slots=True)
@@ -108,6 +113,9 @@ class Accounting:
         cache_entries: int = 1024,
         on_event: Callable[..., None] | None = None,
         api_key: str | None = None,
+        attribution: bool = False,
+        attribution_history: int = 64,
+        show_diff_text: bool = False,
     ) -> None:
         self._base = upstream.rstrip("/")
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
@@ -121,6 +129,16 @@ class Accounting:
         self._background: set[asyncio.Future[None]] = set()
         self.prefilled_again = 0
         self.reference_ms_per_token: float | None = None
+        self.attributor = (
+            Attributor(
+                self._post,
+                history=attribution_history,
+                keep_text=show_diff_text,
+                on_event=self._on_event,
+            )
+            if attribution
+            else None
+        )
 
     async def start(self) -> None:
         """Open the look-up session (its own pool, keep-alive below llama-server's 5 s)."""
@@ -133,6 +151,8 @@ class Accounting:
         """Cancel look-ups in flight and close the session."""
         for task in self._cache.values():
             task.cancel()
+        if self.attributor is not None:
+            self.attributor.close()
         for future in self._background:
             future.cancel()
         if self._session is not None:
@@ -244,11 +264,21 @@ class Accounting:
         return out
 
     def begin(self, facts: RequestFacts) -> Pending | None:
-        """Start accounting for a tool request of an API that llama-server can count;
-        ``None`` for anything else. Never blocks."""
+        """Start the look-ups of one request: its schema's (a tool request of an API that
+        llama-server can count) and its prompt's rendering (a chat or tool request, with
+        attribution on); ``None`` when there is none to make. Never blocks."""
+        if facts.body is None or self._session is None:
+            return None
+        schema = self._begin_schema(facts)
+        prompt = self.attributor.begin(facts) if self.attributor is not None else None
+        if schema is None and prompt is None:
+            return None
+        return Pending(facts=facts, schema=schema, prompt=prompt)
+
+    def _begin_schema(self, facts: RequestFacts) -> asyncio.Task[SchemaInfo] | None:
         body = facts.body
         dialect = facts.dialect
-        if facts.kind is not Kind.TOOL or body is None or self._session is None:
+        if facts.kind is not Kind.TOOL or body is None:
             return None
         if dialect.count_path is None or dialect.system_turn is None or dialect.chat_form is None:
             return None
@@ -263,7 +293,7 @@ class Accounting:
             task.add_done_callback(lambda t: self._learn_per_tool(t, dialect, body, tools))
             while len(self._cache) > self._max:
                 self._cache.popitem(last=False)
-        return Pending(facts=facts, schema=task)
+        return task
 
     def _learn_per_tool(
         self,
@@ -309,23 +339,25 @@ class Accounting:
             self.reference_ms_per_token = record.prefill_ms / record.prompt_n
 
     async def complete(self, record: Record, pending: Pending, obs: Observation | None) -> Record:
-        """The record with the schema and tool-call fields filled in (``null`` + reason on
-        failure). Waits at most the look-up timeout; the agent's response is already done."""
+        """The record with the schema, prefix and tool-call fields filled in (``null`` +
+        reason on failure). Waits at most the look-up timeout; the agent's response is
+        already done."""
         fields: dict[str, Any] = {}
         errors: list[str] = []
         if pending.schema is not None:
-            try:
-                # three look-up rounds in a row, each bounded by the session's timeout
-                info = await asyncio.wait_for(asyncio.shield(pending.schema), 3 * self._timeout)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                errors.append("schema: cancelled")
-            except Exception as exc:
-                errors.append(f"schema: {type(exc).__name__}")
-            else:
+            # three look-up rounds in a row, each bounded by the session's timeout
+            info, error = await _joined(pending.schema, 3 * self._timeout)
+            if info is not None:
                 fields.update(self._price(record, info))
+            else:
+                errors.append(f"schema: {error}")
+        if pending.prompt is not None and self.attributor is not None:
+            prompt, error = await _joined(pending.prompt, 3 * self._timeout)
+            if prompt is not None:
+                rate = self.reference_ms_per_token
+                fields.update(self.attributor.attribute(record, pending.facts, prompt, rate))
+            else:
+                fields["attribution_error"] = error
         if obs is not None and obs.tool_calls:
             try:
                 tokens, source = await asyncio.wait_for(self._args_tokens(obs), self._timeout)
@@ -400,6 +432,20 @@ class Accounting:
                 for h, t in self.schemas.items()
             },
         }
+
+
+async def _joined(task: asyncio.Task[_T], limit_s: float) -> tuple[_T | None, str | None]:
+    """The result of a shared look-up ``task`` (never cancelled by a waiter), or None and
+    why not: its exception's name, or ``cancelled``."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), limit_s), None
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+        return None, "cancelled"
+    except Exception as exc:
+        return None, type(exc).__name__
 
 
 def _tool_name(tool: Any, index: int) -> str:

@@ -108,6 +108,9 @@ async def _start_accounting(config: Config, sinks: list[RecordSink]) -> Accounti
         cache_entries=config.accounting.cache_entries,
         on_event=get_logger().info,
         api_key=config.upstream.api_key,
+        attribution=config.accounting.attribution,
+        attribution_history=config.accounting.attribution_history,
+        show_diff_text=config.privacy.show_diff_text,
     )
     await accounting.start()
     sinks.insert(0, accounting.learn_rate)
@@ -135,11 +138,14 @@ def _upstream_context(
         )
         app[MODEL_INFO].attach(session)
         yield
+        # look-ups still running get the drain time streams got, then are cancelled: their
+        # records are written all the same, with the reason, before the sessions close
+        await relay.drain(within_s=config.server.shutdown_drain_s)
+        if accounting is not None:
+            await accounting.close()
         await relay.drain()
         await _cancel(app[BACKGROUND])
         await app[MODEL_INFO].close()
-        if accounting is not None:
-            await accounting.close()
         await session.close()
         await stream_session.close()
 

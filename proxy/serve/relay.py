@@ -361,10 +361,10 @@ class Relay:
             record = dataclasses.replace(record, accounting_error=type(exc).__name__)
         self._on_record(record, pending.facts, obs)
 
-    async def drain(self) -> None:
-        """Wait for records still being completed (at shutdown)."""
+    async def drain(self, within_s: float | None = None) -> None:
+        """Wait for records still being completed (at shutdown), at most ``within_s``."""
         if self._completing:
-            await asyncio.gather(*self._completing, return_exceptions=True)
+            await asyncio.wait(set(self._completing), timeout=within_s)
 
 
 def _client_gone(flight: _Flight) -> Outcome:

@@ -54,5 +54,10 @@ class StatsDocument:
                 built_for = self._version(accounting)
                 doc = await in_steps(self._stats.snapshot_steps())
                 doc["schemas"] = accounting.snapshot() if accounting is not None else None
+                attributor = accounting.attributor if accounting is not None else None
+                if attributor is not None:
+                    found = attributor.snapshot()
+                    doc["cache"]["findings"] = found["findings"]
+                    doc["conversations"] = found["conversations"]
                 self._built_for, self._body = built_for, orjson.dumps(doc)
         return self._body

@@ -1,0 +1,182 @@
+"""Why prefill was paid: one cause per request from its prefix attribution, and the ranked
+findings with their fixes. Pure.
+
+The causes form a closed set (a label of ``/metrics``). A request gets at most one, the first
+that applies in this order: the request turned the cache off; its prompt changed before the
+end of the earlier one (in a system message, in the tools, in the history, or by compaction);
+the template left out part of the history (earlier reasoning), so the previous answer's tokens
+cannot be reused; the server had the shared prefix and reused less of it, after other
+prompts ran (evicted, or another slot) or with nothing between (a sliding-window model
+without ``--swa-full``, whose cache resumes only from checkpoints).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.core.prefix import Attribution, PrefixKind
+
+__all__ = ["FIXES", "Cause", "Finding", "Findings", "cause_of"]
+
+LOST_MIN_TOKENS = 16
+"""Fewer tokens lost than this is the server's own margin (a checkpoint a few tokens back,
+the last prompt token always evaluated again), not a finding."""
+
+
+class Cause(enum.StrEnum):
+    """Why a request's prefill was paid again."""
+
+    CACHE_PROMPT_OFF = "cache_prompt_off"
+    SYSTEM_PROMPT_CHANGED = "system_prompt_changed"
+    TOOLS_CHANGED = "tools_changed"
+    HISTORY_REWRITTEN = "history_rewritten"
+    COMPACTION = "compaction"
+    TEMPLATE_DROPS_HISTORY = "template_drops_history"
+    SLOT_EVICTED = "slot_evicted"
+    SLIDING_WINDOW = "sliding_window"
+
+
+FIXES: dict[Cause, str] = {
+    Cause.CACHE_PROMPT_OFF: "drop `cache_prompt: false` from the request "
+    "(llama-server caches prompts by default)",
+    Cause.SYSTEM_PROMPT_CHANGED: "a value in the system prompt changes every call: keep the "
+    "system prompt fixed and put the changing value (time, ids, billing header) in the last "
+    "user message",
+    Cause.TOOLS_CHANGED: "send the same tools in the same order with the same descriptions "
+    "on every call; the tools block sits before the conversation, so any change there "
+    "re-prefills everything after it",
+    Cause.HISTORY_REWRITTEN: "keep the history append-only: an earlier message was changed, "
+    "so everything after it was prefilled again",
+    Cause.COMPACTION: "history was compacted (summarised or trimmed): expected once per "
+    "compaction; if it happens every turn, compact less often or keep more turns",
+    Cause.TEMPLATE_DROPS_HISTORY: "the chat template drops earlier reasoning from the history, "
+    "so the previous answer's tokens in the cache are not a prefix of the next prompt: send "
+    "the history without reasoning_content, or use a template that keeps it",
+    Cause.SLOT_EVICTED: "another prompt took the slot between two turns: run llama-server "
+    "with one slot per agent (-np N), pin each conversation with id_slot, or tune "
+    "--slot-prompt-similarity and --cache-ram",
+    Cause.SLIDING_WINDOW: "a sliding-window model (Gemma 2/3, gpt-oss, ...) reuses a changed "
+    "prompt only from context checkpoints: start llama-server with --swa-full (more KV "
+    "memory), or keep every change after the last user message",
+}
+
+_MESSAGE = re.compile(r"messages\[(\d+)\]")
+
+
+def cause_of(
+    attribution: Attribution,
+    *,
+    cache_prompt: bool,
+    role_of: Callable[[int], str | None],
+    missing: tuple[str, ...] = (),
+) -> Cause | None:
+    """The cause of one request's paid prefill, or None (cold, or nothing lost)."""
+    a = attribution
+    if not cache_prompt and a.reusable_tokens > 0:
+        return Cause.CACHE_PROMPT_OFF
+    if a.prefix_kind is PrefixKind.COMPACTION:
+        return Cause.COMPACTION
+    if a.prefix_kind is PrefixKind.REWRITE and a.diverged_section is not None:
+        section = a.diverged_section
+        if section.startswith("tools["):
+            return Cause.TOOLS_CHANGED
+        match = _MESSAGE.match(section)
+        if match and role_of(int(match.group(1))) in ("system", "developer"):
+            return Cause.SYSTEM_PROMPT_CHANGED
+        return Cause.HISTORY_REWRITTEN
+    if a.prefix_kind is PrefixKind.EXTENDS and any(
+        m.endswith(".reasoning_content") for m in missing
+    ):
+        return Cause.TEMPLATE_DROPS_HISTORY
+    if a.cache_lost_tokens is not None and a.cache_lost_tokens >= LOST_MIN_TOKENS:
+        return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
+    return None
+
+
+def lost_tokens(
+    attribution: Attribution, cause: Cause, prompt_tokens: int | None, previous_answer: int | None
+) -> int | None:
+    """The tokens this cause cost: after the divergence for a changed prompt, the previous
+    answer for a template that drops it, the cache's shortfall otherwise."""
+    a = attribution
+    if cause in (
+        Cause.SYSTEM_PROMPT_CHANGED,
+        Cause.TOOLS_CHANGED,
+        Cause.HISTORY_REWRITTEN,
+        Cause.COMPACTION,
+    ):
+        if a.diverged_at is None or prompt_tokens is None:
+            return None
+        return max(0, prompt_tokens - a.diverged_at)
+    if cause is Cause.TEMPLATE_DROPS_HISTORY:
+        return previous_answer
+    return a.cache_lost_tokens
+
+
+@dataclass(slots=True)
+class Finding:
+    """One cause (at one section) across requests."""
+
+    cause: Cause
+    section: str | None
+    requests: int = 0
+    tokens: int = 0
+    ms: float = 0.0
+    offset: int | None = None
+    """Where in the section the latest change was (characters), when known."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``/stats`` ``cache.findings`` entry."""
+        return {
+            "cause": str(self.cause),
+            "section": self.section,
+            "offset": self.offset,
+            "requests": self.requests,
+            "lost_tokens": self.tokens,
+            "lost_ms": round(self.ms, 3),
+            "fix": FIXES[self.cause],
+        }
+
+
+@dataclass(slots=True)
+class Findings:
+    """Findings by cause and section, ranked by the milliseconds they cost. Bounded: at most
+    ``limit`` distinct (cause, section) pairs are kept; the cheapest gives way."""
+
+    limit: int = 64
+    _by_key: dict[tuple[Cause, str | None], Finding] = field(default_factory=dict)
+
+    def add(
+        self,
+        cause: Cause,
+        section: str | None,
+        tokens: int | None,
+        ms: float | None,
+        offset: int | None = None,
+    ) -> None:
+        """Count one request of ``cause``."""
+        key = (cause, section if cause not in _SECTIONLESS else None)
+        finding = self._by_key.get(key)
+        if finding is None:
+            if len(self._by_key) >= self.limit:
+                cheapest = min(self._by_key, key=lambda k: self._by_key[k].ms)
+                del self._by_key[cheapest]
+            finding = self._by_key[key] = Finding(cause, key[1])
+        finding.requests += 1
+        finding.tokens += tokens or 0
+        finding.ms += ms or 0.0
+        if offset is not None:
+            finding.offset = offset
+
+    def ranked(self) -> list[Finding]:
+        """Most milliseconds lost first, then most requests."""
+        return sorted(self._by_key.values(), key=lambda f: (-f.ms, -f.requests, f.cause))
+
+
+_SECTIONLESS = frozenset(
+    {Cause.CACHE_PROMPT_OFF, Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW, Cause.COMPACTION}
+)

@@ -1,0 +1,222 @@
+"""Prefix attribution beside the relay: each chat or tool prompt rendered and tokenized by the
+served llama-server, matched against the recent ones, and joined to the record with the
+cause of its paid prefill.
+
+The look-ups (``/apply-template``, ``/tokenize`` with pieces) use the accounting's own
+session, start when the request arrives, and are cached by the prompt's content: a retry
+costs none. At most two renderings run at once. The matching and the findings are
+:mod:`proxy.core.prefix` and :mod:`proxy.core.findings`; the record names sections, never
+text, unless ``[privacy] show_diff_text`` is on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from proxy.core.dialects import CHAT_COMPLETIONS
+from proxy.core.findings import Findings, cause_of, lost_tokens
+from proxy.core.prefix import PromptHistory, RenderedPrompt
+from proxy.core.record import Kind, Record
+from proxy.core.request import RequestFacts
+from proxy.core.schema import digest, for_counting
+from proxy.serve.tasks import spawn
+
+__all__ = ["Attributor", "chat_body_of", "conversation_id_of"]
+
+DIFF_CONTEXT = 80
+"""Characters shown on each side of a change when ``show_diff_text`` is on."""
+
+Post = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+def chat_body_of(facts: RequestFacts) -> dict[str, Any] | None:
+    """The request as the Chat Completions body llama-server renders (None: no such form)."""
+    body, dialect = facts.body, facts.dialect
+    if body is None:
+        return None
+    if dialect is CHAT_COMPLETIONS:
+        return for_counting(body)
+    if dialect.chat_form is None:
+        return None
+    return for_counting(dialect.chat_form(body))
+
+
+def conversation_id_of(body: dict[str, Any] | None) -> str | None:
+    """An id the agent sent for its conversation: ``user``, or ``metadata.user_id``."""
+    if body is None:
+        return None
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return user
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user_id if isinstance(user_id, str) and user_id else None
+
+
+class Attributor:
+    """Renders prompts, keeps the recent ones, and attributes each record's prefill."""
+
+    def __init__(
+        self,
+        post: Post,
+        *,
+        history: int = 64,
+        cache_entries: int = 256,
+        keep_text: bool = False,
+        on_event: Callable[..., None] | None = None,
+    ) -> None:
+        self._post = post
+        self._keep_text = keep_text
+        self._max = cache_entries
+        self._cache: OrderedDict[str, asyncio.Task[RenderedPrompt]] = OrderedDict()
+        self._background: set[asyncio.Future[None]] = set()
+        self._slots = asyncio.Semaphore(2)
+        self._offset: int | None = None
+        self.history = PromptHistory(size=history)
+        self.findings = Findings()
+        self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._on_event = on_event or (lambda *a, **k: None)
+
+    def close(self) -> None:
+        """Cancel renderings in flight."""
+        for task in self._cache.values():
+            task.cancel()
+
+    def begin(self, facts: RequestFacts) -> asyncio.Task[RenderedPrompt] | None:
+        """Start rendering a chat or tool prompt (cached by its content); None otherwise."""
+        if facts.kind not in (Kind.CHAT, Kind.TOOL):
+            return None
+        chat = chat_body_of(facts)
+        if chat is None:
+            return None
+        key = digest(chat)
+        task = self._cache.get(key)
+        if task is not None and not (task.done() and (task.cancelled() or task.exception())):
+            self._cache.move_to_end(key)
+            return task
+        task = spawn(self._render(chat), self._background)
+        self._cache[key] = task
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        return task
+
+    async def _render(self, chat: dict[str, Any]) -> RenderedPrompt:
+        async with self._slots:
+            if self._offset is None:
+                bos = await self._post("/tokenize", {"content": "", "add_special": True})
+                self._offset = len(bos["tokens"])
+            text = str((await self._post("/apply-template", chat))["prompt"])
+            got = await self._post(
+                "/tokenize",
+                {"content": text, "add_special": False, "parse_special": True, "with_pieces": True},
+            )
+        tokens = got["tokens"]
+        ids = [int(t["id"]) for t in tokens]
+        pieces = [p.encode() if isinstance(p := t["piece"], str) else bytes(p) for t in tokens]
+        return await asyncio.to_thread(
+            RenderedPrompt.build, ids, pieces, text, chat, self._keep_text
+        )
+
+    def attribute(
+        self,
+        record: Record,
+        facts: RequestFacts,
+        prompt: RenderedPrompt,
+        ms_per_token: float | None,
+    ) -> dict[str, Any]:
+        """The record's prefix fields for its rendered ``prompt``; counts the finding."""
+        offset = self._offset or 0
+        if record.prompt_tokens is not None and len(prompt) + offset != record.prompt_tokens:
+            # the rendering is not the prompt llama-server evaluated (another API's form
+            # the proxy does not mirror): no position can be trusted
+            return {"attribution_error": "rendered_prompt_differs"}
+        a = self.history.attribute(
+            prompt,
+            offset=offset,
+            cache_n=record.cache_n,
+            ms_per_token=ms_per_token,
+            conversation_id=conversation_id_of(facts.body),
+        )
+        self.history.answered(self.history.last_seq, record.predicted_n)
+        chat = chat_body_of(facts) or {}
+        messages = chat.get("messages")
+
+        def role_of(index: int) -> str | None:
+            if isinstance(messages, list) and 0 <= index < len(messages):
+                m = messages[index]
+                role = m.get("role") if isinstance(m, dict) else None
+                return role if isinstance(role, str) else None
+            return None
+
+        body = facts.body or {}
+        cause = cause_of(
+            a,
+            cache_prompt=body.get("cache_prompt") is not False,
+            role_of=role_of,
+            missing=prompt.missing,
+        )
+        fields: dict[str, Any] = {
+            "prefix_kind": str(a.prefix_kind),
+            "reusable_tokens": a.reusable_tokens,
+            "cache_lost_tokens": a.cache_lost_tokens,
+            "diverged_at": a.diverged_at,
+            "diverged_section": a.diverged_section,
+            "diverged_cost_ms": a.diverged_cost_ms,
+            "prefill_cause": str(cause) if cause is not None else None,
+            "conversation": a.conversation,
+            "turn": a.turn,
+        }
+        if self._keep_text and prompt.text is not None and a.diverged_at is not None:
+            at = (
+                prompt.starts[a.diverged_at - offset]
+                if a.diverged_at - offset < len(prompt.starts)
+                else len(prompt.text)
+            )
+            fields["diverged_text"] = {
+                "before": prompt.text[max(0, at - DIFF_CONTEXT) : at],
+                "after": prompt.text[at : at + DIFF_CONTEXT],
+            }
+        lost_ms = None
+        if cause is not None:
+            tokens = lost_tokens(a, cause, record.prompt_tokens, self.history.predicted(a.matched))
+            lost_ms = round(tokens * ms_per_token, 3) if tokens and ms_per_token else None
+            self.findings.add(cause, a.diverged_section, tokens, lost_ms, a.diverged_offset)
+            fields["prefill_lost_ms"] = lost_ms
+            self._on_event(
+                "prefill_cause",
+                id=record.id,
+                cause=str(cause),
+                section=a.diverged_section,
+                lost_ms=lost_ms,
+            )
+        self._count_conversation(a.conversation, a.turn, record, lost_ms)
+        return fields
+
+    def _count_conversation(
+        self, name: str, turn: int, record: Record, lost_ms: float | None
+    ) -> None:
+        entry = self.conversations.get(name)
+        if entry is None:
+            entry = self.conversations[name] = {
+                "turns": 0,
+                "requests": 0,
+                "prefill_ms": 0.0,
+                "lost_ms": 0.0,
+            }
+            while len(self.conversations) > 100:
+                self.conversations.popitem(last=False)
+        self.conversations.move_to_end(name)
+        entry["turns"] = max(entry["turns"], turn)
+        entry["requests"] += 1
+        entry["prefill_ms"] = round(entry["prefill_ms"] + (record.prefill_ms or 0.0), 3)
+        entry["lost_ms"] = round(entry["lost_ms"] + (lost_ms or 0.0), 3)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``/stats`` ``cache.findings`` and ``conversations``."""
+        return {
+            "findings": [f.to_dict() for f in self.findings.ranked()],
+            "conversations": dict(self.conversations),
+        }

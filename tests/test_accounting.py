@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import time
+import zlib
 from collections import Counter, defaultdict
 from typing import Any, NamedTuple
 
@@ -132,8 +133,9 @@ def toy_pieces(text: str) -> list[str]:
 
 
 def toy_tokens(text: str, add_special: bool) -> list[int]:
-    """One token per piece, after a BOS token when ``add_special``."""
-    return ([1] if add_special else []) + [len(w) + 2 for w in toy_pieces(text)]
+    """One token per piece (its id a checksum of the piece: equal text, equal ids), after a
+    BOS token when ``add_special``."""
+    return ([1] if add_special else []) + [zlib.crc32(w.encode()) + 2 for w in toy_pieces(text)]
 
 
 def from_responses(body: dict[str, Any]) -> dict[str, Any]:

@@ -355,8 +355,13 @@ class PromptHistory:
         best_shared = 0
         for seen in reversed(self._seen):
             shared = shared_prefix(prompt.tokens, seen.prompt.tokens)
-            extends = shared >= seen.prompt.generation_start() and len(prompt) > shared
-            key = (1 if extends else 0, shared, seen.seq)
+            if prompt.tokens == seen.prompt.tokens:
+                rank = 2  # a repeat: its own prompt, before any it extends
+            elif shared >= seen.prompt.generation_start() and len(prompt) > shared:
+                rank = 1
+            else:
+                rank = 0
+            key = (rank, shared, seen.seq)
             if key > best_key:
                 best, best_key, best_shared = seen, key, shared
         return best, best_shared, best_key[0] == 1

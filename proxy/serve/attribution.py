@@ -129,6 +129,10 @@ class Attributor:
     ) -> dict[str, Any]:
         """The record's prefix fields for its rendered ``prompt``; counts the finding."""
         offset = self._offset or 0
+        if ms_per_token is None and record.prefill_ms is not None and record.prompt_n:
+            # no reference rate yet: this request's own, which prefilled at least the
+            # tokens after any divergence
+            ms_per_token = record.prefill_ms / record.prompt_n
         if record.prompt_tokens is not None and len(prompt) + offset != record.prompt_tokens:
             # the rendering is not the prompt llama-server evaluated (another API's form
             # the proxy does not mirror): no position can be trusted

@@ -1,0 +1,202 @@
+"""Prefix attribution through the proxy, against the toy llama-server of test_accounting.
+
+The toy renders and tokenizes as tests/test_accounting.py describes; its answer's ``timings``
+are set per request so that the prompt it says it evaluated is the one the proxy rendered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.fakes import make_timings
+from tests.test_accounting import (
+    APPLY_TEMPLATE,
+    READ_FILE,
+    RUN_SHELL,
+    SYSTEM,
+    TOKENIZE,
+    WRITE_FILE,
+    ToyLlama,
+    ask,
+    body_of,
+    input_tokens,
+    render,
+    settle,
+    toy,
+    toy_pieces,
+    wait_record,
+)
+
+__all__ = ["toy"]  # the fixture, imported for the tests below
+
+
+async def start(make_proxy: ProxyFactory, toy: ToyLlama, **privacy: Any) -> ProxyUnderTest:
+    """The proxy in front of the toy with attribution on (schema accounting too)."""
+    return await make_proxy(
+        toy.url, accounting={"enabled": True, "attribution": True}, privacy=privacy
+    )
+
+
+def evaluated(toy: ToyLlama, body: dict[str, Any], cache_n: int) -> None:
+    """The toy's next answer says it evaluated ``body``'s prompt, ``cache_n`` of it cached,
+    at 2 ms per prompt token."""
+    total = input_tokens(body)
+    toy.timings = make_timings(
+        prompt_n=total - cache_n, prompt_ms=2.0 * (total - cache_n), cache_n=cache_n
+    )
+
+
+async def send(
+    proxy: ProxyUnderTest, toy: ToyLlama, body: dict[str, Any], cache_n: int, count: int
+) -> Any:
+    """Send ``body`` (the toy evaluating it with ``cache_n`` cached); its record, the
+    ``count``-th."""
+    evaluated(toy, body, cache_n)
+    await ask(proxy, body)
+    return await wait_record(proxy, count)
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """The first token (BOS counted) where the toy's renderings of ``a`` and ``b`` differ."""
+    pa, pb = toy_pieces(render(a)), toy_pieces(render(b))
+    same = 0
+    while same < min(len(pa), len(pb)) and pa[same] == pb[same]:
+        same += 1
+    return 1 + same
+
+
+def clocked(second: int) -> dict[str, Any]:
+    """A chat request whose system prompt holds a clock."""
+    return body_of([], system=f"{SYSTEM} Time: 12:00:{second:02d}. Be brief.", user="Status?")
+
+
+class TestAttribution:
+    async def test_clock_in_the_system_prompt(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A clock in the system prompt: the second call is a rewrite at messages[0].content,
+        diverging where the renderings' tokens first differ, charged for every token after
+        it (at the request's own rate while no reference rate is known), with the
+        system-prompt cause and its fix in /stats."""
+        proxy = await start(make_proxy, toy)
+        first = await send(proxy, toy, clocked(1), 0, 1)
+        second = await send(proxy, toy, clocked(2), 0, 2)
+        assert first.prefix_kind == "cold" and first.prefill_cause is None
+        at = first_difference(clocked(1), clocked(2))
+        total = input_tokens(clocked(2))
+        assert (second.prefix_kind, second.diverged_at, second.diverged_section) == (
+            "rewrite",
+            at,
+            "messages[0].content",
+        )
+        assert second.reusable_tokens == at
+        assert second.cache_lost_tokens == at  # the toy reused nothing
+        assert second.diverged_cost_ms == pytest.approx((total - at) * 2.0)
+        assert second.prefill_cause == "system_prompt_changed"
+        assert (second.conversation, second.turn) == (first.conversation, 2)
+        stats = orjson.loads(await (await proxy.client.get("/stats")).read())
+        top = stats["cache"]["findings"][0]
+        assert (top["cause"], top["section"], top["requests"]) == (
+            "system_prompt_changed",
+            "messages[0].content",
+            1,
+        )
+        assert top["lost_ms"] == pytest.approx((total - at) * 2.0)
+        assert "system prompt" in top["fix"]
+        assert stats["conversations"][first.conversation]["turns"] == 2
+
+    async def test_reordered_tools_name_the_first_moved_tool(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """Tools sent in another order: a rewrite at the first tool that moved."""
+        proxy = await start(make_proxy, toy)
+        a = body_of([READ_FILE, WRITE_FILE, RUN_SHELL])
+        b = body_of([READ_FILE, RUN_SHELL, WRITE_FILE])
+        await send(proxy, toy, a, 0, 1)
+        second = await send(proxy, toy, b, 0, 2)
+        assert (second.prefix_kind, second.diverged_section, second.prefill_cause) == (
+            "rewrite",
+            "tools[1]:run_shell",
+            "tools_changed",
+        )
+        assert second.diverged_at == first_difference(a, b)
+
+    async def test_next_turn_extends_and_a_repeat_is_a_retry(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A next turn extends the previous prompt (no cause); sending it again is a retry in
+        the same turn, every token but the last reusable."""
+        proxy = await start(make_proxy, toy)
+        one = body_of([READ_FILE])
+        two = {
+            **one,
+            "messages": [
+                *one["messages"],
+                {"role": "assistant", "content": "Here it is."},
+                {"role": "user", "content": "And /etc/passwd?"},
+            ],
+        }
+        first = await send(proxy, toy, one, 0, 1)
+        second = await send(proxy, toy, two, input_tokens(one) - 1, 2)
+        third = await send(proxy, toy, two, input_tokens(two) - 1, 3)
+        assert (second.prefix_kind, second.prefill_cause, second.turn) == ("extends", None, 2)
+        assert second.conversation == first.conversation
+        assert (third.prefix_kind, third.turn, third.cache_lost_tokens) == ("retry", 2, 0)
+        assert third.reusable_tokens == input_tokens(two) - 1
+
+    async def test_cache_prompt_false(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
+        """cache_prompt false on a repeat: everything reusable was lost, and said why."""
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE])
+        await send(proxy, toy, body, 0, 1)
+        again = await send(proxy, toy, {**body, "cache_prompt": False}, 0, 2)
+        assert again.cache_lost_tokens == again.reusable_tokens == input_tokens(body) - 1
+        assert again.prefill_cause == "cache_prompt_off"
+
+    async def test_renderings_are_cached_by_content(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """The same prompt twice is rendered and tokenized once (plus one BOS probe)."""
+        proxy = await start(make_proxy, toy)
+        body = body_of([])
+        await send(proxy, toy, body, 0, 1)
+        await send(proxy, toy, body, 0, 2)
+        await settle(toy)
+        assert toy.calls[APPLY_TEMPLATE] == 1
+        assert [b.get("with_pieces", False) for b in toy.bodies[TOKENIZE]] == [False, True]
+
+    async def test_a_rendering_that_is_not_the_evaluated_prompt_attributes_nothing(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """When the server says it evaluated another number of tokens than the rendering
+        holds, no position is trusted: the fields stay null, with the reason."""
+        proxy = await start(make_proxy, toy)
+        toy.timings = make_timings(prompt_n=3, cache_n=0)
+        await ask(proxy, body_of([]))
+        record = await wait_record(proxy)
+        assert record.prefix_kind is None and record.diverged_at is None
+        assert record.attribution_error == "rendered_prompt_differs"
+
+    async def test_text_only_when_asked(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
+        """By default a record names the section, never the text; with show_diff_text the
+        80 characters on each side of the change are shown."""
+        quiet = await start(make_proxy, toy)
+        await send(quiet, toy, clocked(1), 0, 1)
+        assert (await send(quiet, toy, clocked(2), 0, 2)).diverged_text is None
+        shown = await start(make_proxy, toy, show_diff_text=True)
+        await send(shown, toy, clocked(1), 0, 1)
+        record = await send(shown, toy, clocked(2), 0, 2)
+        assert record.diverged_text is not None
+        assert record.diverged_text["after"].startswith(" 12:00:02. Be brief.")
+        assert record.diverged_text["before"].endswith(f"{SYSTEM} Time:")
+
+    async def test_explicit_conversation_id(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
+        """An agent that names its conversation (``user``) is grouped by that name."""
+        proxy = await start(make_proxy, toy)
+        first = await send(proxy, toy, {**clocked(1), "user": "arm-1"}, 0, 1)
+        second = await send(proxy, toy, {**body_of([READ_FILE]), "user": "arm-1"}, 0, 2)
+        assert [(r.conversation, r.turn) for r in (first, second)] == [("arm-1", 1), ("arm-1", 2)]

@@ -571,3 +571,17 @@ def test_each_response_numbers_its_own_calls() -> None:
     second.feed(start() + call_added(FC2, "move_arm") + args("{}", FC2))
     assert [(c.index, c.name) for c in first.finish().tool_calls] == [(0, "get_weather")]
     assert [(c.index, c.name) for c in second.finish().tool_calls] == [(0, "move_arm")]
+
+
+def test_chat_form_of_a_string_input() -> None:
+    """A string ``input`` is one user message after ``instructions``, as llama-server's
+    converter makes it (the form the proxy renders to attribute the prompt)."""
+    assert RESPONSES.chat_form is not None
+    form = RESPONSES.chat_form({"model": "m", "instructions": "Be brief.", "input": "Hi"})
+    assert form == {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+        ],
+    }

@@ -266,7 +266,10 @@ def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
     messages: list[Any] = []
     if isinstance(instructions := turn.get("instructions"), str):
         messages.append({"role": "system", "content": instructions})
-    for item in turn.get("input") or ():
+    items = turn.get("input")
+    if isinstance(items, str):  # one user message
+        items = [{"role": "user", "content": items}]
+    for item in items if isinstance(items, list) else ():
         if isinstance(item, dict):
             messages.append(
                 {"role": item.get("role"), "content": _chat_content(item.get("content"))}

@@ -43,6 +43,14 @@ GENERATION = "generation_prompt"
 MIN_SHARED = 8
 """A best match sharing fewer tokens than this (a template header) makes a prompt cold."""
 
+EXPLICIT_IDS = 1024
+"""Conversation ids sent by agents that are remembered (the least recent is forgotten)."""
+
+PROBE = 16
+"""Tokens of the earlier prompt, just after a divergence, looked for in the new prompt: found,
+the earlier prompt resumes there, and the new one is a change of it (a clock, a reordered
+tool), even on a later turn that also grew."""
+
 RELATED = 0.5
 """A prompt that neither extends nor repeats its best match is a change of that prompt only
 when the two share at least this fraction of the new prompt at their two ends (prefix plus
@@ -127,27 +135,40 @@ def locate_sections(text: str, chat_body: dict[str, Any]) -> tuple[list[Section]
     tool per line)."""
     found: list[Section] = []
     missing: list[str] = []
-    cursor = 0
-    messages = chat_body.get("messages")
-    for name, anchor in _message_anchors(messages if isinstance(messages, list) else []):
-        at = text.find(anchor, cursor)
-        if at < 0:
-            missing.append(name)
-            continue
-        cursor = at + len(anchor)
-        found.append(Section(name, cursor, len(anchor)))
+    spans: list[tuple[int, int]] = []  # the tools' lines: no message is looked for there
     tool_cursor = 0
     for name, tool_name in _tool_anchors(chat_body.get("tools")):
-        at = text.find(f'"{tool_name}"', tool_cursor)
+        at = _find_tool(text, tool_name, tool_cursor)
         if at < 0:
             missing.append(name)
             continue
         line_start = text.rfind("\n", 0, at) + 1
         line_end = text.find("\n", at)
         tool_cursor = len(text) if line_end < 0 else line_end
+        spans.append((line_start, tool_cursor))
         found.append(Section(name, tool_cursor, tool_cursor - line_start))
+    cursor = 0
+    messages = chat_body.get("messages")
+    for name, anchor in _message_anchors(messages if isinstance(messages, list) else []):
+        at = text.find(anchor, cursor)
+        while at >= 0 and any(a <= at < b for a, b in spans):
+            at = text.find(anchor, at + 1)
+        if at < 0:
+            missing.append(name)
+            continue
+        cursor = at + len(anchor)
+        found.append(Section(name, cursor, len(anchor)))
     found.sort(key=lambda s: s.end)
     return found, missing
+
+
+def _find_tool(text: str, name: str, start: int) -> int:
+    """Where a tool's JSON names it (``"name": "NAME"``), else its quoted name."""
+    for pattern in (f'"name": "{name}"', f'"name":"{name}"', f'"{name}"'):
+        at = text.find(pattern, start)
+        if at >= 0:
+            return at
+    return -1
 
 
 def shared_suffix(a: bytes, b: bytes, width: int = 4) -> int:
@@ -245,7 +266,8 @@ def _char_offsets(data: bytes) -> Any:
     if data.isascii():
         return lambda at: at
     boundaries = [i for i, b in enumerate(data) if b & 0xC0 != 0x80]
-    return lambda at: bisect.bisect_left(boundaries, at)
+    # a byte inside a character (a piece that splits it) belongs to that character
+    return lambda at: bisect.bisect_right(boundaries, at) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,9 +392,11 @@ class PromptHistory:
         self, best: _Seen | None, kind: PrefixKind, explicit: str | None
     ) -> tuple[str, int]:
         if explicit is not None:
-            turn = self._explicit.get(explicit, 0) + 1
-            self._explicit[explicit] = turn
-            return explicit, turn
+            turn = self._explicit.pop(explicit, 0) + (0 if kind is PrefixKind.RETRY else 1)
+            self._explicit[explicit] = max(turn, 1)
+            while len(self._explicit) > EXPLICIT_IDS:
+                del self._explicit[next(iter(self._explicit))]
+            return explicit, max(turn, 1)
         if best is None or kind is PrefixKind.COLD:
             self._conversations += 1
             return f"c{self._conversations}", 1
@@ -389,7 +413,8 @@ def _kind(prompt: RenderedPrompt, best: _Seen | None, shared: int, extends: bool
     if extends:
         return PrefixKind.EXTENDS
     rest = prompt.tokens[shared * 4 :], best.prompt.tokens[shared * 4 :]
-    if shared + shared_suffix(*rest) < RELATED * len(prompt):
+    related = shared + shared_suffix(*rest) >= RELATED * len(prompt)
+    if not (related or _resumes(prompt.tokens, best.prompt, shared)):
         return PrefixKind.COLD
     name, _ = prompt.section_at(shared)
     if len(prompt) < len(best.prompt) and name.startswith("messages[") and shared > 0:
@@ -397,6 +422,25 @@ def _kind(prompt: RenderedPrompt, best: _Seen | None, shared: int, extends: bool
         if shared >= first_user:
             return PrefixKind.COMPACTION
     return PrefixKind.REWRITE
+
+
+def _resumes(tokens: bytes, earlier: RenderedPrompt, shared: int) -> bool:
+    """Whether ``earlier`` continues in ``tokens`` after their divergence at ``shared``: some
+    :data:`PROBE` tokens of it that start within :data:`PROBE` tokens of the divergence and
+    end before its generation prompt occur, aligned, in ``tokens`` after ``shared``."""
+    stop = earlier.generation_start()
+    width = 4
+    for skip in range(1, PROBE + 1):
+        begin = shared + skip
+        if begin + PROBE > stop:
+            return False
+        needle = earlier.tokens[begin * width : (begin + PROBE) * width]
+        at = tokens.find(needle, shared * width)
+        while at >= 0 and at % width:
+            at = tokens.find(needle, at + 1)
+        if at >= 0:
+            return True
+    return False
 
 
 def _first_section_end(prompt: RenderedPrompt) -> int:

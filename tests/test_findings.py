@@ -1,0 +1,403 @@
+"""Tests for proxy.core.findings: the cause of each request's paid prefill, the tokens it cost,
+and the bounded, ranked findings.
+
+The attributions come from :class:`proxy.core.prefix.PromptHistory` over prompts rendered and
+tokenized as tests/test_prefix.py does (a Qwen3 template, a toy tokenizer), used as
+proxy/serve/attribution.py uses them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.core.findings import (
+    FIXES,
+    LOST_MIN_TOKENS,
+    Cause,
+    Findings,
+    cause_of,
+    lost_tokens,
+)
+from proxy.core.prefix import Attribution, PrefixKind, PromptHistory, RenderedPrompt
+from tests.test_prefix import (
+    BOS,
+    MS_PER_TOKEN,
+    TOOLS,
+    assistant,
+    attribute,
+    chat,
+    clock_changed,
+    other_agent,
+    rendered,
+    system,
+    tool_result,
+    turns,
+    user,
+)
+
+
+def roles(body: dict[str, Any]) -> Callable[[int], str | None]:
+    """The role of a message of ``body`` by index, as the attributor gives it."""
+    messages = body["messages"]
+
+    def role_of(index: int) -> str | None:
+        return messages[index]["role"] if 0 <= index < len(messages) else None
+
+    return role_of
+
+
+@dataclass
+class Sent:
+    prompt: RenderedPrompt
+    attribution: Attribution
+    cause: Cause | None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt) + BOS
+
+
+@dataclass
+class Agent:
+    """Prompts through one history, each attributed and given its cause as the attributor
+    does; the findings counted with the lost tokens priced at ``MS_PER_TOKEN``."""
+
+    history: PromptHistory = field(default_factory=PromptHistory)
+    findings: Findings = field(default_factory=Findings)
+
+    def send(
+        self,
+        body: dict[str, Any],
+        *,
+        cache_n: int | None = None,
+        cache_prompt: bool = True,
+        predicted_n: int | None = None,
+    ) -> Sent:
+        prompt = rendered(body)
+        a = attribute(self.history, prompt, cache_n=cache_n)
+        self.history.answered(self.history.last_seq, predicted_n)
+        cause = cause_of(a, cache_prompt=cache_prompt, role_of=roles(body), missing=prompt.missing)
+        sent = Sent(prompt, a, cause)
+        if cause is not None:
+            tokens = lost_tokens(a, cause, sent.prompt_tokens, self.history.predicted(a.matched))
+            ms = tokens * MS_PER_TOKEN if tokens else None
+            self.findings.add(cause, a.diverged_section, tokens, ms, a.diverged_offset)
+        return sent
+
+    def full(self, body: dict[str, Any], **kw: Any) -> Sent:
+        """Send ``body`` with the server taking from its cache all the prompt it can."""
+        return self.send(body, cache_n=len(rendered(body)) + BOS - 1, **kw)
+
+
+# --- causes ------------------------------------------------------------------------------
+
+
+class TestCauseOf:
+    def test_cold_prompt_has_no_cause(self) -> None:
+        """A first prompt (nothing reusable) has no cause, even with the cache off."""
+        assert Agent().send(turns(1)[0], cache_n=0).cause is None
+        assert Agent().send(turns(1)[0], cache_n=0, cache_prompt=False).cause is None
+
+    def test_extends_with_everything_cached_has_no_cause(self) -> None:
+        """Turns that extend the previous one with its prefix taken from the cache, and a
+        retry, have no cause."""
+        agent = Agent()
+        for body in turns(4):
+            assert agent.full(body).cause is None
+        assert agent.full(turns(4)[-1]).cause is None
+
+    @pytest.mark.parametrize("role", ["system", "developer"])
+    def test_system_prompt_changed(self, role: str) -> None:
+        """A rewrite in a system (or developer) message is system_prompt_changed."""
+        body = chat(system(), user("Pick up cube 3."))
+        body["messages"][0]["role"] = role
+        agent = Agent()
+        agent.send(body)
+        sent = agent.full(clock_changed(body))
+        assert sent.attribution.diverged_section == "messages[0].content"
+        assert sent.cause is Cause.SYSTEM_PROMPT_CHANGED
+
+    def test_tools_reordered_or_redescribed(self) -> None:
+        """A rewrite in the tools (reordered, a description changed) is tools_changed."""
+        first = turns(1)[0]
+        reordered = copy.deepcopy(first)
+        reordered["tools"] = [TOOLS[2], TOOLS[0], TOOLS[1]]
+        redescribed = copy.deepcopy(first)
+        redescribed["tools"][2]["function"]["description"] += " Mind the glare."
+        for changed in (reordered, redescribed):
+            agent = Agent()
+            agent.send(first)
+            assert agent.full(changed).cause is Cause.TOOLS_CHANGED
+
+    def test_history_rewritten(self) -> None:
+        """A rewrite in an earlier user message is history_rewritten."""
+        body = turns(3)[-1]
+        edited = copy.deepcopy(body)
+        edited["messages"][1]["content"] = "Pick up cube 4, please, carefully."
+        agent = Agent()
+        agent.send(body)
+        sent = agent.full(edited)
+        assert sent.attribution.diverged_section == "messages[1].content"
+        assert sent.cause is Cause.HISTORY_REWRITTEN
+
+    def test_compaction(self) -> None:
+        """History replaced by a shorter summary after the system prompt is compaction."""
+        long = turns(5)[-1]
+        compacted = chat(
+            system(), user("Summary: cube 3 moved."), long["messages"][-1], tools=TOOLS
+        )
+        agent = Agent()
+        agent.send(long)
+        assert agent.full(compacted).cause is Cause.COMPACTION
+
+    def test_cache_prompt_off_comes_first(self) -> None:
+        """``cache_prompt: false`` with anything reusable is cache_prompt_off, before any
+        other cause (a rewrite, a cache shortfall)."""
+        one, two = turns(2)
+        agent = Agent()
+        agent.send(one)
+        assert agent.send(two, cache_n=0, cache_prompt=False).cause is Cause.CACHE_PROMPT_OFF
+        rewrite = agent.send(clock_changed(two), cache_prompt=False)
+        assert rewrite.attribution.prefix_kind is PrefixKind.REWRITE
+        assert rewrite.cause is Cause.CACHE_PROMPT_OFF
+
+    def test_template_drops_reasoning(self) -> None:
+        """The next turn after an answer with reasoning, which the template drops before the
+        new user message, is template_drops_history; it costs the previous answer's tokens."""
+        first = chat(system(), user("Pick up cube 3."), tools=TOOLS)
+        second = chat(
+            *first["messages"],
+            assistant("It is in the gripper.", reasoning="The cube is close: grip it."),
+            user("Now the shelf."),
+            tools=TOOLS,
+        )
+        agent = Agent()
+        agent.send(first, predicted_n=23)
+        sent = agent.full(second)
+        assert sent.prompt.missing == ("messages[2].reasoning_content",)
+        assert sent.attribution.prefix_kind is PrefixKind.EXTENDS
+        assert sent.cause is Cause.TEMPLATE_DROPS_HISTORY
+        previous = agent.history.predicted(sent.attribution.matched)
+        assert previous == 23
+        assert lost_tokens(sent.attribution, sent.cause, sent.prompt_tokens, previous) == 23
+
+    def test_reasoning_kept_in_a_tool_loop_has_no_cause(self) -> None:
+        """In a tool loop the template keeps the answer's reasoning: nothing is missing and
+        the extension has no cause."""
+        first = chat(system(), user("Pick up cube 3."), tools=TOOLS)
+        second = chat(
+            *first["messages"],
+            assistant(call=("move", '{"distance": 2}'), reasoning="Move closer first."),
+            tool_result("moved 2 m"),
+            tools=TOOLS,
+        )
+        agent = Agent()
+        agent.send(first)
+        assert agent.full(second).cause is None
+
+    def test_cache_lost_after_other_prompts_is_slot_evicted(self) -> None:
+        """The shared prefix not reused after other agents' prompts ran is slot_evicted."""
+        one, two = turns(2)
+        agent = Agent()
+        agent.send(one)
+        agent.send(other_agent(0))
+        sent = agent.send(two, cache_n=0)
+        assert sent.attribution.between == 1
+        assert sent.cause is Cause.SLOT_EVICTED
+
+    def test_cache_lost_with_nothing_between_is_sliding_window(self) -> None:
+        """The shared prefix not reused with nothing between the two turns is
+        sliding_window; fewer than LOST_MIN_TOKENS lost is the server's margin, no cause;
+        ``cache_n`` unknown is no cause."""
+        one, two = turns(2)
+        for lost, expected in (
+            (LOST_MIN_TOKENS, Cause.SLIDING_WINDOW),
+            (LOST_MIN_TOKENS - 1, None),
+        ):
+            probe = Agent()
+            probe.send(one)
+            reusable = probe.send(two).attribution.reusable_tokens
+            agent = Agent()
+            agent.send(one)
+            sent = agent.send(two, cache_n=reusable - lost)
+            assert sent.attribution.cache_lost_tokens == lost
+            assert sent.cause is expected
+        agent = Agent()
+        agent.send(one)
+        assert agent.send(two, cache_n=None).cause is None
+
+
+class TestLostTokens:
+    def test_a_changed_prompt_costs_what_follows_the_divergence(self) -> None:
+        """For a rewrite or compaction the lost tokens are the prompt's after the divergence;
+        unknown without the prompt's size."""
+        agent = Agent()
+        agent.send(turns(1)[0])
+        sent = agent.full(clock_changed(turns(1)[0]))
+        assert sent.cause is Cause.SYSTEM_PROMPT_CHANGED
+        diverged = sent.attribution.diverged_at
+        assert diverged is not None
+        got = lost_tokens(sent.attribution, sent.cause, sent.prompt_tokens, None)
+        assert got == sent.prompt_tokens - diverged
+        assert lost_tokens(sent.attribution, sent.cause, None, None) is None
+
+    def test_a_cache_shortfall_costs_the_lost_tokens(self) -> None:
+        """For an eviction the lost tokens are the cache's shortfall."""
+        one, two = turns(2)
+        agent = Agent()
+        agent.send(one)
+        agent.send(other_agent(0))
+        sent = agent.send(two, cache_n=7)
+        assert sent.cause is Cause.SLOT_EVICTED
+        got = lost_tokens(sent.attribution, sent.cause, sent.prompt_tokens, None)
+        assert got == sent.attribution.reusable_tokens - 7
+
+
+# --- findings ----------------------------------------------------------------------------
+
+
+class TestFindings:
+    def test_every_cause_has_a_fix(self) -> None:
+        """Each cause names a fix."""
+        assert set(FIXES) == set(Cause)
+        assert all(FIXES[c] for c in Cause)
+
+    def test_ranked_by_milliseconds(self) -> None:
+        """Findings are ranked by the milliseconds they cost, summed over their requests."""
+        adds = [
+            (Cause.TOOLS_CHANGED, "tools[0]:grip", 40.0),
+            (Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", 30.0),
+            (Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", 30.0),
+            (Cause.HISTORY_REWRITTEN, "messages[3].content", 50.0),
+            (Cause.SLOT_EVICTED, None, 5.0),
+        ]
+        findings = Findings()
+        totals: dict[tuple[Cause, str | None], float] = {}
+        for cause, section, ms in adds:
+            findings.add(cause, section, 10, ms)
+            totals[cause, section] = totals.get((cause, section), 0.0) + ms
+        expected = sorted(totals, key=lambda k: -totals[k])
+        assert [(f.cause, f.section) for f in findings.ranked()] == expected
+        assert [f.ms for f in findings.ranked()] == [totals[k] for k in expected]
+
+    def test_equal_milliseconds_ranked_by_requests(self) -> None:
+        """Of findings costing the same, the one of more requests ranks first."""
+        findings = Findings()
+        findings.add(Cause.TOOLS_CHANGED, "tools[1]:move", 5, 20.0)
+        findings.add(Cause.HISTORY_REWRITTEN, "messages[1].content", 5, 10.0)
+        findings.add(Cause.HISTORY_REWRITTEN, "messages[1].content", 5, 10.0)
+        ranked = findings.ranked()
+        assert [f.requests for f in ranked] == [2, 1]
+        assert ranked[0].ms == ranked[1].ms
+
+    def test_counts_requests_tokens_ms_and_latest_offset(self) -> None:
+        """A finding sums its requests, tokens and milliseconds (unknown ones count 0) and
+        keeps the latest known offset."""
+        findings = Findings()
+        findings.add(Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", 100, 25.0, 61)
+        findings.add(Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", None, None, 64)
+        findings.add(Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", 50, 12.5, None)
+        [f] = findings.ranked()
+        assert (f.requests, f.tokens, f.ms, f.offset) == (3, 150, 37.5, 64)
+
+    def test_sections_kept_apart_except_for_sectionless_causes(self) -> None:
+        """A change is counted per section; compaction and the cache's own causes are one
+        finding each, without a section."""
+        findings = Findings()
+        for section in ("messages[1].content", "messages[3].content"):
+            findings.add(Cause.HISTORY_REWRITTEN, section, 1, 1.0)
+            for cause in (
+                Cause.COMPACTION,
+                Cause.SLOT_EVICTED,
+                Cause.SLIDING_WINDOW,
+                Cause.CACHE_PROMPT_OFF,
+            ):
+                findings.add(cause, section, 1, 1.0)
+        by_cause: dict[Cause, list[str | None]] = {}
+        for f in findings.ranked():
+            by_cause.setdefault(f.cause, []).append(f.section)
+        assert sorted(by_cause.pop(Cause.HISTORY_REWRITTEN), key=str) == [
+            "messages[1].content",
+            "messages[3].content",
+        ]
+        assert by_cause == {c: [None] for c in by_cause}
+        assert len(by_cause) == 4
+
+    def test_to_dict(self) -> None:
+        """The ``/stats`` entry names the cause, section, offset, counts, the milliseconds
+        to three decimals and the fix."""
+        findings = Findings()
+        findings.add(Cause.TOOLS_CHANGED, "tools[0]:grip", 12, 1.23456, 14)
+        [f] = findings.ranked()
+        assert f.to_dict() == {
+            "cause": "tools_changed",
+            "section": "tools[0]:grip",
+            "offset": 14,
+            "requests": 1,
+            "lost_tokens": 12,
+            "lost_ms": round(1.23456, 3),
+            "fix": FIXES[Cause.TOOLS_CHANGED],
+        }
+
+    def test_limit_evicts_the_cheapest(self) -> None:
+        """At the limit a new (cause, section) pair evicts the cheapest kept one; more of a
+        kept pair evicts nothing."""
+        findings = Findings(limit=3)
+        costs = {"messages[1].content": 9.0, "messages[3].content": 1.0, "tools[0]:grip": 4.0}
+        for section, ms in costs.items():
+            findings.add(Cause.HISTORY_REWRITTEN, section, 1, ms)
+        findings.add(Cause.HISTORY_REWRITTEN, "messages[1].content", 1, 1.0)
+        assert len(findings.ranked()) == 3
+        findings.add(Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", 1, 2.0)
+        kept = {f.section for f in findings.ranked()}
+        cheapest = min(costs, key=lambda s: costs[s])
+        assert kept == (set(costs) - {cheapest}) | {"messages[0].content"}
+
+    @given(
+        limit=st.integers(1, 4),
+        adds=st.lists(
+            st.tuples(
+                st.sampled_from(list(Cause)),
+                st.sampled_from(["messages[0].content", "messages[1].content", "tools[0]:a"]),
+                st.floats(0, 100, allow_nan=False),
+            ),
+            max_size=30,
+        ),
+    )
+    def test_bounded_and_ranked(self, limit: int, adds: list[tuple[Cause, str, float]]) -> None:
+        """Whatever is added, at most ``limit`` findings are kept, ranked by milliseconds,
+        and the latest one added is among them."""
+        findings = Findings(limit=limit)
+        for cause, section, ms in adds:
+            findings.add(cause, section, 1, ms)
+            ranked = findings.ranked()
+            assert len(ranked) <= limit
+            assert [f.ms for f in ranked] == sorted((f.ms for f in ranked), reverse=True)
+            assert cause in {f.cause for f in ranked}
+
+    def test_a_session_ranks_the_costliest_cause_first(self) -> None:
+        """Over a session the finding that cost the most milliseconds ranks first: a prompt
+        resent with the system prompt's clock ticking each time, then once with a tool's
+        description changed."""
+        first = turns(1)[0]
+        resends = 3
+        agent = Agent()
+        agent.send(first)
+        for tick in range(1, resends + 1):
+            agent.full(clock_changed(first, 5 + tick))
+        changed = clock_changed(first, 5 + resends)
+        changed["tools"][0]["function"]["description"] += " Slowly."
+        agent.full(changed)
+        ranked = agent.findings.ranked()
+        assert [(f.cause, f.section, f.requests) for f in ranked] == [
+            (Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", resends),
+            (Cause.TOOLS_CHANGED, "tools[0]:move", 1),
+        ]
+        assert ranked[0].ms > ranked[1].ms > 0

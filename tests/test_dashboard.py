@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
+from proxy.core.findings import Cause, Finding
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.stats import Stats
 from proxy.serve.app import STATS
@@ -671,3 +672,155 @@ async def test_dashboard_asks_for_the_token(make_proxy: ProxyFactory, browser: B
     assert await page2.is_hidden("#auth")
     # the browser console logs the 401 response itself; the page adds no error of its own
     assert [e for e in errors + errors2 if "401" not in e] == []
+
+
+# ------------------------------------------------------------------------------------------
+# Prefix attribution: the divergence on a request's clock, the findings card
+
+
+def _diverged(record: Record, cached: int | None, frac: float, **fields: Any) -> Record:
+    """``record`` (which has a prefill) rewritten so that its prompt diverged ``frac`` of the
+    way through the tokens it prefilled (``cached`` of its prompt from the cache)."""
+    assert record.prompt_tokens is not None
+    evaluated = record.prompt_tokens - (cached or 0)
+    return Record(
+        **{
+            **record.to_dict(),
+            "kind": record.kind,
+            "outcome": record.outcome,
+            "cache_n": cached,
+            "prompt_n": evaluated,
+            "prefix_kind": "rewrite",
+            "diverged_at": (cached or 0) + round(frac * evaluated),
+            **fields,
+        }
+    )
+
+
+def _attributed_records() -> list[Record]:
+    """20 synthetic records, the newest three with a divergence (no cache; a quarter into
+    what was prefilled after a partial cache hit; and one whose section is markup)."""
+    records = [r for r in _synthetic_records(40) if r.prefill_ms and r.prompt_tokens][:20]
+    records[-1] = _diverged(
+        records[-1],
+        0,
+        0.6,
+        diverged_section="messages[0].content",
+        prefill_cause="system_prompt_changed",
+        prefill_lost_ms=412.5,
+    )
+    records[-2] = _diverged(
+        records[-2],
+        (records[-2].prompt_tokens or 0) // 2,
+        0.25,
+        diverged_section="tools[1]:run_shell",
+        prefill_cause="tools_changed",
+        prefill_lost_ms=99.0,
+    )
+    records[-3] = _diverged(
+        records[-3], None, 0.5, diverged_section=HOSTILE, prefill_cause="history_rewritten"
+    )
+    return records
+
+
+def _findings(n: int) -> list[dict[str, Any]]:
+    """``n`` findings in /stats's shape, most ms first; the second's section is markup."""
+    causes = list(Cause)
+    out = [
+        Finding(
+            causes[i % len(causes)],
+            HOSTILE if i == 1 else f"messages[{i}].content",
+            requests=i + 1,
+            tokens=100 * (n - i),
+            ms=1000.0 * (n - i),
+        ).to_dict()
+        for i in range(n)
+    ]
+    return out
+
+
+async def _marker(page: Page, rid: str) -> dict[str, Any]:
+    """The divergence mark of row ``rid``: its data, tooltip and place on the prefill bar."""
+    got: dict[str, Any] = await page.eval_on_selector(
+        f'.row[data-id="{rid}"]',
+        """row => {
+            const m = row.querySelector('[data-field="diverged"]');
+            const bar = row.querySelector('.seg.prefill');
+            const x = Number(m.querySelector('line').getAttribute('x1'));
+            const bx = Number(bar.getAttribute('x')), bw = Number(bar.getAttribute('width'));
+            return { section: m.dataset.section, cause: m.dataset.cause,
+                     title: m.querySelector(':scope > title').textContent,
+                     at: (x - bx) / bw, width: bw };
+        }""",
+    )
+    return got
+
+
+async def test_dashboard_marks_where_the_prompt_diverged(
+    make_proxy: ProxyFactory, browser: Browser
+) -> None:
+    """A request whose prompt diverged has a mark on its prefill bar where diverged_at
+    falls among the tokens it prefilled (cache_n … prompt_tokens), its tooltip naming the
+    section and the cause (markup as text); requests without a divergence have none."""
+    records = _attributed_records()
+    proxy = await make_proxy("http://127.0.0.1:9")
+    page = await _new_page(browser)
+    errors = _watch(page)
+    await page.route("**/stats", _serve(_stats_doc(records)))
+    await page.goto(proxy.url + "/dashboard")
+    await page.wait_for_selector(f'.row[data-id="{records[-1].id}"]', timeout=5000)
+    await page.select_option("#scale", "fit")  # every prefill bar wide enough to measure
+    diverged = [r for r in records if r.diverged_at is not None]
+    for r in diverged:
+        assert r.id is not None and r.diverged_at is not None and r.prompt_tokens is not None
+        await page.wait_for_selector(f'.row[data-id="{r.id}"] [data-field="diverged"]')
+        mark = await _marker(page, r.id)
+        cached = r.cache_n or 0
+        expected = (r.diverged_at - cached) / (r.prompt_tokens - cached)
+        assert mark["at"] == pytest.approx(expected, abs=1.5 / mark["width"] + 0.01), r.id
+        assert (mark["section"], mark["cause"]) == (r.diverged_section, r.prefill_cause)
+        assert f"in {r.diverged_section}" in mark["title"]
+        assert f"cause: {r.prefill_cause}" in mark["title"]
+    marks = await page.locator('#canvas [data-field="diverged"]').count()
+    assert marks == len(diverged)
+    assert await page.evaluate("window.__xss === undefined")
+    assert await page.locator("#canvas img").count() == 0
+    assert errors == []
+
+
+async def test_dashboard_lists_the_top_findings(make_proxy: ProxyFactory, browser: Browser) -> None:
+    """The findings card lists the first 8 of /stats cache.findings in their order, each
+    with its cause, section, requests, ms lost and fix (markup as text), and says how many
+    more there are; without cache.findings it says attribution is off."""
+    records = _synthetic_records(5)
+    found = _findings(10)
+    stats = orjson.loads(_stats_doc(records))
+    stats["cache"]["findings"] = found
+    proxy = await make_proxy("http://127.0.0.1:9")
+    page = await _new_page(browser)
+    errors = _watch(page)
+    await page.route("**/stats", _serve(orjson.dumps(stats)))
+    await page.goto(proxy.url + "/dashboard")
+    await page.wait_for_selector("#findingsbody tr[data-cause]", timeout=5000)
+    rows = await page.eval_on_selector_all(
+        "#findingsbody tr[data-cause]",
+        """rows => rows.map(r => Object.fromEntries(
+            [...r.querySelectorAll('[data-field]')].map(c => [c.dataset.field, c.textContent])))""",
+    )
+    assert [(r["cause"], r["section"], r["requests"], r["fix"]) for r in rows] == [
+        (f["cause"], f["section"], str(f["requests"]), f["fix"]) for f in found[:8]
+    ]
+    assert rows[0]["ms"] == "10.0 s" and rows[-1]["ms"] == "3.00 s"
+    assert "2 more" in (await page.text_content("#findings") or "")
+    assert await page.evaluate("window.__xss === undefined")
+    assert await page.locator("#findingsbody img").count() == 0
+
+    page2 = await _new_page(browser)
+    errors2 = _watch(page2)
+    await page2.route("**/stats", _serve(_stats_doc(records)))
+    await page2.goto(proxy.url + "/dashboard")
+    await page2.wait_for_function(
+        "() => document.querySelector('#findingsbody').textContent.includes('attribution is off')",
+        timeout=5000,
+    )
+    assert errors + errors2 == []

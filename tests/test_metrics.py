@@ -7,13 +7,20 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.core.findings import Cause
 from proxy.core.record import Kind, Outcome, Record
 from proxy.serve.metrics import Metrics
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, SeenRequest, load_recording, replay
+from tests.test_accounting import ToyLlama, toy
+from tests.test_attribution import clocked, send
+from tests.test_attribution import start as start_attributing
+
+__all__ = ["toy"]  # the fixture, imported for the test below
 
 LLAMA_METRICS = (
     b"# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
@@ -215,3 +222,112 @@ def test_an_error_is_counted_but_not_timed() -> None:
     }
     assert count == 1
     assert requests == {("completed", "200"): 1.0, ("upstream_error", "500"): 1.0}
+
+
+def _lost_seconds(metrics: Metrics) -> dict[tuple[str, str], float]:
+    """``timing_proxy_prefill_lost_seconds_total`` by (model, cause)."""
+    fams = _families(metrics.render(None).decode())
+    return {
+        (s.labels["model"], s.labels["cause"]): s.value
+        for s in fams["timing_proxy_prefill_lost_seconds"].samples
+        if s.name.endswith("_total")
+    }
+
+
+def _lost_tokens(metrics: Metrics) -> dict[str, float]:
+    """``timing_proxy_cache_lost_tokens_total`` by model."""
+    fams = _families(metrics.render(None).decode())
+    return {
+        s.labels["model"]: s.value
+        for s in fams["timing_proxy_cache_lost_tokens"].samples
+        if s.name.endswith("_total")
+    }
+
+
+class TestPrefixCounters:
+    """The prefix attribution on /metrics: prefill lost by cause, tokens the cache lost."""
+
+    @staticmethod
+    def attributed(i: int, model: str = "gemma", **fields: Any) -> Record:
+        """A completed chat record with prefix fields."""
+        base: dict[str, Any] = {"ts": "t", "method": "POST", "path": "/v1/chat/completions"}
+        return Record(id=f"r{i}", model=model, kind=Kind.CHAT, status=200, **base, **fields)
+
+    def test_lost_seconds_sum_per_model_and_cause(self) -> None:
+        """Each record with a cause adds its prefill_lost_ms / 1000 under (model, cause);
+        records without a cause add nothing, a cause without an estimate adds 0."""
+        records = [
+            self.attributed(0, prefill_cause="system_prompt_changed", prefill_lost_ms=640.5),
+            self.attributed(1, prefill_cause="system_prompt_changed", prefill_lost_ms=120.25),
+            self.attributed(2, prefill_cause="tools_changed", prefill_lost_ms=88.0),
+            self.attributed(3, "qwen", prefill_cause="tools_changed", prefill_lost_ms=9.5),
+            self.attributed(4, prefill_cause="slot_evicted", prefill_lost_ms=None),
+            self.attributed(5, prefix_kind="extends", prefill_lost_ms=None),
+        ]
+        metrics = Metrics()
+        for r in records:
+            metrics.observe(r)
+        expected: dict[tuple[str, str], float] = {}
+        for r in records:
+            if r.prefill_cause is not None:
+                key = (r.model or "", r.prefill_cause)
+                expected[key] = expected.get(key, 0.0) + (r.prefill_lost_ms or 0.0) / 1000.0
+        got = _lost_seconds(metrics)
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value), key
+        assert ("gemma", "slot_evicted") in got
+
+    def test_cause_label_is_the_closed_set(self) -> None:
+        """A cause outside findings.Cause (another harness's record) is not a label value:
+        every cause label on the page is one of the Cause members."""
+        metrics = Metrics()
+        metrics.observe(self.attributed(0, prefill_cause="made_up", prefill_lost_ms=5000.0))
+        metrics.observe(self.attributed(1, prefill_cause="compaction", prefill_lost_ms=50.0))
+        causes = {cause for _, cause in _lost_seconds(metrics)}
+        assert causes == {"compaction"}
+        assert causes <= {str(c) for c in Cause}
+
+    def test_cache_lost_tokens_sum_per_model(self) -> None:
+        """cache_lost_tokens are summed per model; unknown or 0 add nothing."""
+        records = [
+            self.attributed(0, cache_lost_tokens=300),
+            self.attributed(1, cache_lost_tokens=42),
+            self.attributed(2, cache_lost_tokens=None),
+            self.attributed(3, "qwen", cache_lost_tokens=7),
+            self.attributed(4, "qwen", cache_lost_tokens=0),
+        ]
+        metrics = Metrics()
+        for r in records:
+            metrics.observe(r)
+        expected: dict[str, float] = {}
+        for r in records:
+            expected[r.model or ""] = expected.get(r.model or "", 0.0) + (r.cache_lost_tokens or 0)
+        assert _lost_tokens(metrics) == expected
+
+
+async def test_a_changed_system_prompt_is_on_the_page(
+    toy: ToyLlama, make_proxy: ProxyFactory
+) -> None:
+    """Through the proxy with attribution on, a clock in the system prompt: the second
+    request's prefill_lost_ms is on /metrics under system_prompt_changed, and its
+    cache_lost_tokens in the tokens counter."""
+    proxy = await start_attributing(make_proxy, toy)
+    await send(proxy, toy, clocked(1), 0, 1)
+    second = await send(proxy, toy, clocked(2), 0, 2)
+    assert second.prefill_cause == "system_prompt_changed"
+    assert second.prefill_lost_ms is not None and second.cache_lost_tokens
+    fams = _families(await (await proxy.client.get("/metrics")).text())
+    lost = {
+        (s.labels["model"], s.labels["cause"]): s.value
+        for s in fams["timing_proxy_prefill_lost_seconds"].samples
+        if s.name.endswith("_total")
+    }
+    assert lost == {
+        (second.model, "system_prompt_changed"): pytest.approx(second.prefill_lost_ms / 1000.0)
+    }
+    tokens = [
+        s for s in fams["timing_proxy_cache_lost_tokens"].samples if s.name.endswith("_total")
+    ]
+    lost_tokens = sum(r.cache_lost_tokens or 0 for r in proxy.captured.records)
+    assert [(s.labels["model"], s.value) for s in tokens] == [(second.model, lost_tokens)]

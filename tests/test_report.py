@@ -22,8 +22,9 @@ from proxy.commands.report import (
     render_text,
     run_report,
 )
-from proxy.commands.report.summary import upstream_errors
+from proxy.commands.report.summary import TOP_CONVERSATIONS, upstream_errors
 from proxy.config import BoardConfig
+from proxy.core.findings import FIXES, Cause, Finding
 from proxy.core.numbers import figure_or_dash
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, ModelMeta
@@ -700,3 +701,222 @@ class TestRunReport:
                 board=None,
                 meta=None,
             )
+
+
+def attributed(
+    i: int, conversation: str, turn: int, kind: Kind = Kind.TOOL, **fields: Any
+) -> Record:
+    """A completed record of ``conversation``'s turn ``turn`` with prefix fields."""
+    base: dict[str, Any] = {
+        "prefix_kind": "extends",
+        "prefill_ms": 100.0 + i,
+        "prompt_tokens": 400 + i,
+        "predicted_n": 20 + i,
+        "e2e_ms": 1000.0,
+    }
+    base.update(fields)
+    return rec(i, kind, conversation=conversation, turn=turn, **base)
+
+
+def why_records() -> list[Record]:
+    """Two conversations: c1 with a clock in the system prompt (twice), a template that
+    drops reasoning and an evicted slot; c2 with reordered tools."""
+    return [
+        attributed(0, "c1", 1, prefix_kind="cold"),
+        attributed(
+            1,
+            "c1",
+            2,
+            prefix_kind="rewrite",
+            diverged_at=12,
+            diverged_section="messages[0].content",
+            prefill_cause="system_prompt_changed",
+            prefill_lost_ms=796.0,
+        ),
+        attributed(
+            2,
+            "c1",
+            3,
+            prefix_kind="rewrite",
+            diverged_at=14,
+            diverged_section="messages[0].content",
+            prefill_cause="system_prompt_changed",
+            prefill_lost_ms=801.5,
+        ),
+        attributed(3, "c1", 4, prefill_cause="template_drops_history", prefill_lost_ms=61.0),
+        attributed(
+            4,
+            "c1",
+            5,
+            cache_lost_tokens=180,
+            diverged_section="messages[3].content",  # not a section for this cause
+            prefill_cause="slot_evicted",
+            prefill_lost_ms=290.0,
+        ),
+        attributed(10, "c2", 1, Kind.CHAT, prefix_kind="cold"),
+        attributed(
+            11,
+            "c2",
+            2,
+            Kind.CHAT,
+            prefix_kind="rewrite",
+            diverged_at=40,
+            diverged_section="tools[1]:run_shell",
+            prefill_cause="tools_changed",
+            prefill_lost_ms=1200.0,
+        ),
+    ]
+
+
+class TestWhyPrefillWasPaid:
+    """The report's ``findings`` and ``conversations``, from the records' prefix fields."""
+
+    @staticmethod
+    def report(tmp_path: Path, records: Sequence[Record], **kw: Any) -> dict[str, Any]:
+        return build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]), **kw)
+
+    def test_findings_by_cause_and_section_ranked_by_ms(self, tmp_path: Path) -> None:
+        """Each (cause, section) sums its requests and prefill_lost_ms, most ms first, with
+        the cause's fix; causes without a section (an evicted slot) have none."""
+        records = why_records()
+        found = self.report(tmp_path, records)["findings"]
+        expected: dict[tuple[str, str | None], tuple[int, float]] = {}
+        for r in records:
+            if r.prefill_cause is None:
+                continue
+            section = r.diverged_section if r.prefill_cause != "slot_evicted" else None
+            n, ms = expected.get((r.prefill_cause, section), (0, 0.0))
+            expected[(r.prefill_cause, section)] = (n + 1, ms + (r.prefill_lost_ms or 0.0))
+        got = {(f["cause"], f["section"]): (f["requests"], f["lost_ms"]) for f in found}
+        assert got == expected
+        assert [f["lost_ms"] for f in found] == sorted((f["lost_ms"] for f in found), reverse=True)
+        assert all(f["fix"] == FIXES[Cause(f["cause"])] for f in found)
+
+    def test_tokens_lost_per_cause(self, tmp_path: Path) -> None:
+        """A changed prompt lost every token after the divergence; a template dropping the
+        history lost the previous answer of its conversation; an evicted slot what the cache
+        did not reuse."""
+        records = why_records()
+        by_cause = {f["cause"]: f for f in self.report(tmp_path, records)["findings"]}
+        changed = [r for r in records if r.prefill_cause == "system_prompt_changed"]
+        assert by_cause["system_prompt_changed"]["lost_tokens"] == sum(
+            (r.prompt_tokens or 0) - (r.diverged_at or 0) for r in changed
+        )
+        dropped = next(
+            i for i, r in enumerate(records) if r.prefill_cause == "template_drops_history"
+        )
+        assert by_cause["template_drops_history"]["lost_tokens"] == records[dropped - 1].predicted_n
+        evicted = next(r for r in records if r.prefill_cause == "slot_evicted")
+        assert by_cause["slot_evicted"]["lost_tokens"] == evicted.cache_lost_tokens
+
+    def test_same_shape_as_stats_findings(self, tmp_path: Path) -> None:
+        """A finding has the keys of /stats's cache.findings entries."""
+        found = self.report(tmp_path, why_records())["findings"]
+        shape = Finding(Cause.COMPACTION, None).to_dict()
+        assert found and all(set(f) == set(shape) for f in found)
+
+    def test_a_cause_outside_the_closed_set_is_not_a_finding(self, tmp_path: Path) -> None:
+        """A prefill_cause the proxy does not name (another harness's) is left out."""
+        records = [attributed(0, "c1", 1, prefill_cause="gremlins", prefill_lost_ms=5.0)]
+        assert self.report(tmp_path, records)["findings"] == []
+
+    def test_conversations(self, tmp_path: Path) -> None:
+        """Per conversation: its last turn, requests, prefill paid and lost to misses."""
+        records = why_records()
+        talks = self.report(tmp_path, records)["conversations"]
+        for name, entry in talks.items():
+            mine = [r for r in records if r.conversation == name]
+            assert entry == {
+                "turns": max(r.turn or 0 for r in mine),
+                "requests": len(mine),
+                "prefill_ms": pytest.approx(sum(r.prefill_ms or 0.0 for r in mine)),
+                "lost_ms": pytest.approx(sum(r.prefill_lost_ms or 0.0 for r in mine)),
+            }
+        assert set(talks) == {r.conversation for r in records}
+
+    def test_the_ten_conversations_that_lost_most(self, tmp_path: Path) -> None:
+        """Of 14 conversations, the 10 that lost the most prefill, most first; the document
+        says how many there were."""
+        lost = [float((7 * i) % 23) * 10.0 for i in range(14)]
+        records = [
+            attributed(
+                i,
+                f"c{i}",
+                2,
+                prefill_cause="history_rewritten",
+                prefill_lost_ms=ms,
+                diverged_at=5,
+                diverged_section="messages[1].content",
+            )
+            for i, ms in enumerate(lost)
+        ]
+        report = self.report(tmp_path, records)
+        ranked = sorted(range(14), key=lambda i: -lost[i])[:TOP_CONVERSATIONS]
+        assert list(report["conversations"]) == [f"c{i}" for i in ranked]
+        assert report["conversations_seen"] == 14
+
+    def test_several_runs_keep_conversations_apart(self, tmp_path: Path) -> None:
+        """Two runs' c1 are two conversations (the proxy numbers them per process)."""
+        paths = [
+            write_log(tmp_path / name, [attributed(0, "c1", 1, prefix_kind="cold")])
+            for name in ("a.jsonl", "b.jsonl")
+        ]
+        report = build_report(load_runs(paths))
+        assert set(report["conversations"]) == {"a.jsonl:c1", "b.jsonl:c1"}
+
+    def test_kind_filter(self, tmp_path: Path) -> None:
+        """--kind chat keeps the chat requests' findings and conversations only."""
+        records = why_records()
+        report = self.report(tmp_path, records, kind="chat")
+        chat = {r.prefill_cause for r in records if r.kind is Kind.CHAT and r.prefill_cause}
+        assert {f["cause"] for f in report["findings"]} == chat
+        assert set(report["conversations"]) == {
+            r.conversation for r in records if r.kind is Kind.CHAT
+        }
+
+    def test_text_section(self, tmp_path: Path) -> None:
+        """The text has the findings, most ms first, each with its fix wrapped in lines of
+        at most 100 characters, then the conversations table."""
+        report = self.report(tmp_path, why_records())
+        lines = render_text(report).splitlines()
+        start = lines.index(f"why prefill was paid ({report['attributed']} requests attributed)")
+        block = lines[start : lines.index("", start)]
+        rows = [line.split() for line in block if line.split()[0] in {str(c) for c in Cause}]
+        assert [row[0] for row in rows] == [f["cause"] for f in report["findings"]]
+        top = report["findings"][0]
+        assert rows[0] == [
+            top["cause"],
+            top["section"],
+            f"{top['requests']:,}",
+            f"{top['lost_tokens']:,}",
+            figure_or_dash(top["lost_ms"]),
+        ]
+        # the fixes: the lines under the rows, indented past the row's first column
+        fixes = " ".join(line.strip().removeprefix("fix: ") for line in block if line[:4] == "    ")
+        for f in report["findings"]:
+            assert f["fix"] in fixes
+        assert all(len(line) <= 100 for line in block)
+        conv = lines.index("conversations: the 2 of 2 that lost the most prefill to misses")
+        names = [line.split()[0] for line in lines[conv + 2 : conv + 4]]
+        assert names == list(report["conversations"])
+
+    def test_nothing_to_say_without_attribution(self, tmp_path: Path) -> None:
+        """A log without prefix fields (older, another harness's) has no findings, no
+        conversations, and no section in the text; attributed requests without a cause
+        say no prefill was lost."""
+        old = build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)]))
+        assert (old["findings"], old["conversations"], old["attributed"]) == ([], {}, 0)
+        assert "why prefill" not in render_text(old)
+        clean = self.report(tmp_path, [attributed(0, "c1", 1), attributed(1, "c1", 2)])
+        assert "no prefill was lost to a cache miss" in render_text(clean)
+
+    def test_json_document(self, tmp_path: Path) -> None:
+        """--json carries findings and conversations."""
+        path = write_log(tmp_path / "a.jsonl", why_records())
+        doc = json.loads(
+            run_report([path], json_out=True, kind=None, plot=None, board=None, meta=None)
+        )
+        report = build_report(load_runs([path]))
+        assert doc["findings"] == report["findings"] and doc["findings"]
+        assert doc["conversations"] == report["conversations"]
+        assert set(doc["conversations"]) == {"c1", "c2"}

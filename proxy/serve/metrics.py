@@ -5,8 +5,9 @@ bookkeeping and label handling are its job, not ours) with a private registry. N
 the OpenTelemetry GenAI semantic conventions where one fits
 (``gen_ai_server_time_to_first_token_seconds``, ``gen_ai_server_request_duration_seconds``,
 ``gen_ai_server_time_per_output_token_seconds``); the rest are ``timing_proxy_*``. Labels are
-``model``, ``kind`` and ``api`` (plus ``outcome``/``status`` on the request counter): all bounded;
-models beyond :data:`MAX_MODELS` distinct names are reported as ``other``.
+``model``, ``kind`` and ``api`` (plus ``outcome``/``status`` on the request counter, ``cause``
+on the prefill lost to cache misses: the closed set :class:`proxy.core.findings.Cause`): all
+bounded; models beyond :data:`MAX_MODELS` distinct names are reported as ``other``.
 Buckets reach 600 s: a cold prompt on a Jetson takes minutes, OpenTelemetry's 10 s ceiling
 is too low for edge boards.
 """
@@ -25,6 +26,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from proxy.core.findings import Cause
 from proxy.core.record import Outcome, Record
 
 __all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics"]
@@ -57,6 +59,9 @@ SECONDS = (
 PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 LABELS = ("model", "kind", "api")
+CAUSES = frozenset(str(c) for c in Cause)
+"""The ``cause`` label's values; a record naming any other (another harness's log) is not
+counted under it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,7 @@ class _Children:
     paid: Any
     saved: Any
     again: Any
+    lost_tokens: Any
 
 
 class Metrics:
@@ -162,6 +168,21 @@ class Metrics:
             ("model",),
             registry=r,
         )
+        self.prefill_lost = Counter(
+            "timing_proxy_prefill_lost_seconds",
+            "Prefill paid again for prompt tokens an earlier prompt had already computed, by "
+            "cause (prefill_lost_ms of the requests with a prefill_cause; estimate at the "
+            "reference prefill rate).",
+            ("model", "cause"),
+            registry=r,
+        )
+        self.cache_lost_tokens = Counter(
+            "timing_proxy_cache_lost_tokens",
+            "Prompt tokens shared with an earlier prompt that the server did not reuse "
+            "from its cache (cache_lost_tokens).",
+            ("model",),
+            registry=r,
+        )
         self.upstream_up = Gauge(
             "timing_proxy_upstream_metrics_up",
             "1 when llama-server's own /metrics were merged into this "
@@ -170,6 +191,7 @@ class Metrics:
         )
         self._models: set[str] = set()
         self._cache: dict[tuple[str, str, str], _Children] = {}
+        self._lost: dict[tuple[str, str], Any] = {}
 
     def _model(self, name: str | None) -> str:
         model = name or "unknown"
@@ -200,6 +222,7 @@ class Metrics:
                 paid=self.schema_seconds.labels(model, "paid"),
                 saved=self.schema_seconds.labels(model, "saved"),
                 again=self.prefilled_again.labels(model),
+                lost_tokens=self.cache_lost_tokens.labels(model),
             )
         return children
 
@@ -224,6 +247,21 @@ class Metrics:
             c.saved.inc(record.schema_saved_ms / 1000.0)
         if record.schema_prefilled_again:
             c.again.inc()
+        self._observe_prefix(record, model, c)
+
+    def _observe_prefix(self, record: Record, model: str, c: _Children) -> None:
+        """The prefix attribution's counters: tokens the cache lost, and the prefill lost
+        to each cause (a request with a cause but no estimate adds 0: the series exists)."""
+        if record.cache_lost_tokens is not None and record.cache_lost_tokens > 0:
+            c.lost_tokens.inc(record.cache_lost_tokens)
+        cause = record.prefill_cause
+        if cause not in CAUSES:
+            return
+        key = (model, str(cause))
+        child = self._lost.get(key)
+        if child is None:
+            child = self._lost[key] = self.prefill_lost.labels(*key)
+        child.inc(max(0.0, record.prefill_lost_ms or 0.0) / 1000.0)
 
     def render(self, upstream: bytes | None) -> bytes:
         """The exposition text: ours, then llama-server's own metrics when it answered."""

@@ -6,6 +6,7 @@ written by :func:`proxy.core.numbers.figure_or_dash` (``2,061``, ``93.5``, ``4.2
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,6 +66,9 @@ _LABEL = 26
 _COL = 10
 _MISSING_SHOWN = 12
 """How many missing fields the text names (``--json`` has them all)."""
+_FINDINGS_SHOWN = 10
+"""How many findings the text lists (``--json`` has them all)."""
+_WIDTH = 100
 
 
 def _rows() -> list[tuple[str, str, _Format]]:
@@ -337,6 +341,72 @@ def _roofline_lines(report: Mapping[str, Any]) -> list[str]:
     return [*lines, *hint]
 
 
+def _finding_lines(found: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One row per finding (cause, section, requests, tokens, ms), its fix wrapped below."""
+    shown = found[:_FINDINGS_SHOWN]
+    cause_w = max(5, *(len(f["cause"]) for f in shown))
+    section_w = max(7, *(len(f["section"] or "-") for f in shown))
+    nums = ("requests", "tokens", "ms lost")
+    lines = [
+        f"  {'cause':<{cause_w}}  {'section':<{section_w}}" + "".join(f"{n:>10}" for n in nums)
+    ]
+    for f in shown:
+        cells = (_int(f["requests"]), _int(f["lost_tokens"]), _ms(f["lost_ms"]))
+        lines.append(
+            f"  {f['cause']:<{cause_w}}  {f['section'] or '-':<{section_w}}"
+            + "".join(f"{c:>10}" for c in cells)
+        )
+        lines.extend(
+            textwrap.wrap(
+                f["fix"],
+                _WIDTH,
+                initial_indent="    fix: ",
+                subsequent_indent="         ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+        )
+    more = len(found) - len(shown)
+    if more:
+        lines.append(f"  and {_plural(more, 'finding')} more (all in --json)")
+    return lines
+
+
+def _conversation_lines(report: Mapping[str, Any]) -> list[str]:
+    """The conversations that lost the most prefill: turns, requests, prefill paid, lost."""
+    talks: Mapping[str, Mapping[str, Any]] = report.get("conversations") or {}
+    if not talks:
+        return []
+    seen = report.get("conversations_seen") or len(talks)
+    width = max(12, *(len(name) for name in talks))
+    cols = ("turns", "requests", "prefill ms", "lost ms")
+    lines = [
+        f"conversations: the {len(talks):,} of {seen:,} that lost the most prefill to misses",
+        f"  {'conversation':<{width}}" + "".join(f"{c:>12}" for c in cols),
+    ]
+    for name, t in talks.items():
+        cells = (_int(t["turns"]), _int(t["requests"]), _ms(t["prefill_ms"]), _ms(t["lost_ms"]))
+        lines.append(f"  {name:<{width}}" + "".join(f"{c:>12}" for c in cells))
+    return lines
+
+
+def _prefill_lines(report: Mapping[str, Any]) -> list[str]:
+    """Why prefill was paid: the findings with their fixes, then the conversations. Nothing
+    for logs without a prefix attribution."""
+    attributed = report.get("attributed") or 0
+    found: Sequence[Mapping[str, Any]] = report.get("findings") or []
+    if not attributed and not found:
+        return []
+    lines = ["", f"why prefill was paid ({_plural(attributed, 'request')} attributed)"]
+    if found:
+        lines.append("  ms lost: the prefill paid again, at the proxy's reference prefill rate")
+        lines.extend(_finding_lines(found))
+    else:
+        lines.append("  no prefill was lost to a cache miss")
+    talks = _conversation_lines(report)
+    return [*lines, *([""] if talks else []), *talks]
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as a terminal table (fixed-width columns, units, thousands separators)."""
     lines = [_head(report)]
@@ -362,5 +432,6 @@ def render_text(report: Mapping[str, Any]) -> str:
             if block:
                 lines.append("")
                 lines.extend(block)
+    lines.extend(_prefill_lines(report))
     lines.extend(_roofline_lines(report))
     return "\n".join(lines) + "\n"

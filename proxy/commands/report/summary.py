@@ -10,6 +10,13 @@ window).
 ``by_api``, over every record and with each kind's ``outcomes``), and ``upstream_errors``
 counts the requests llama-server answered with an HTTP error, by status.
 
+``findings`` and ``conversations`` say why prefill was paid, from the records' prefix
+attribution (``prefill_cause``, ``prefill_lost_ms``, ``conversation``, ``turn``): the
+findings by cause and section, ranked by the milliseconds lost, aggregated by
+:class:`proxy.core.findings.Findings` as ``/stats``'s ``cache.findings`` are (and in their
+shape), over every record of the files; and the :data:`TOP_CONVERSATIONS` conversations that
+lost the most prefill.
+
 Records read from another harness's log may lack fields (see :mod:`.load`); the document
 lists which and how often (``missing_fields``). A record without an ``outcome`` counts as
 completed: such a log holds the calls it timed, and the proxy's own log always says the
@@ -25,6 +32,8 @@ from typing import Any
 
 from proxy.commands.report.errors import ReportError
 from proxy.commands.report.load import RECORD_FIELDS, Run
+from proxy.core.findings import Cause, Findings, lost_tokens
+from proxy.core.prefix import Attribution, PrefixKind
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, Medians, ModelMeta, roofline_lines, roofline_summary
 from proxy.core.stats import (
@@ -41,9 +50,12 @@ __all__ = [
     "KINDS",
     "MEDIAN_CALL_FIELDS",
     "PER_RUN_FIELDS",
+    "TOP_CONVERSATIONS",
     "UNKNOWN",
     "build_report",
     "completed",
+    "conversations",
+    "findings",
     "median_call",
     "median_record",
     "upstream_errors",
@@ -80,6 +92,9 @@ MEDIAN_CALL_FIELDS: tuple[str, ...] = (
     "tool_call_valid",
 )
 """The record fields of the median call (plus its ``tool_args_chars``)."""
+
+TOP_CONVERSATIONS = 10
+"""How many conversations the report lists (those that lost the most prefill)."""
 
 COMPLETED_ONLY = "percentiles, medians and ratios count completed requests only"
 
@@ -215,6 +230,87 @@ def _by_api(records: Sequence[Record], kinds: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def _cause(record: Record) -> Cause | None:
+    """The record's ``prefill_cause`` when it is one of :class:`Cause` (another harness's
+    name is not)."""
+    try:
+        return Cause(record.prefill_cause) if record.prefill_cause is not None else None
+    except ValueError:
+        return None
+
+
+def _as_attribution(record: Record) -> Attribution:
+    """What :func:`proxy.core.findings.lost_tokens` reads of an attribution, from a record."""
+    return Attribution(
+        prefix_kind=PrefixKind(record.prefix_kind)
+        if record.prefix_kind in set(PrefixKind)
+        else PrefixKind.COLD,
+        reusable_tokens=record.reusable_tokens or 0,
+        cache_lost_tokens=record.cache_lost_tokens,
+        diverged_at=record.diverged_at,
+        diverged_section=record.diverged_section,
+        diverged_offset=None,
+        diverged_cost_ms=record.diverged_cost_ms,
+        conversation=record.conversation or "",
+        turn=record.turn or 0,
+    )
+
+
+def _in_order(runs: Sequence[Run]) -> list[tuple[str, Record]]:
+    """Every record with its conversation's name: the proxy's own name when there is one
+    run; ``RUN:NAME`` with several (the proxy numbers conversations per process, so two
+    runs' ``c1`` are not the same conversation)."""
+    several = len(runs) > 1
+    return [
+        (f"{run.name}:{r.conversation}" if several else r.conversation or "", r)
+        for run in runs
+        for r in run.records
+    ]
+
+
+def findings(runs: Sequence[Run], kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
+    """Why prefill was paid: the records' causes by (cause, section), ranked by the
+    milliseconds lost, in ``/stats``'s ``cache.findings`` shape (each with its fix). The
+    tokens are :func:`proxy.core.findings.lost_tokens` of the record; for a template that
+    drops the history, the previous answer is the one of the conversation's record before."""
+    found = Findings()
+    answers: dict[str, int | None] = {}
+    for name, r in _in_order(runs):
+        cause = _cause(r)
+        if cause is not None and r.kind in kinds:
+            previous = answers.get(name) if r.conversation is not None else None
+            tokens = lost_tokens(_as_attribution(r), cause, r.prompt_tokens, previous)
+            found.add(cause, r.diverged_section, tokens, r.prefill_lost_ms)
+        if r.conversation is not None:
+            answers[name] = r.predicted_n
+    return [f.to_dict() for f in found.ranked()]
+
+
+def conversations(
+    runs: Sequence[Run], kinds: Sequence[str] = KINDS, top: int = TOP_CONVERSATIONS
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """The ``top`` conversations that lost the most prefill to cache misses (then the most
+    prefill paid), each ``{turns, requests, prefill_ms, lost_ms}`` as in ``/stats``, and
+    how many conversations the records name."""
+    seen: dict[str, dict[str, Any]] = {}
+    for name, r in _in_order(runs):
+        if r.conversation is None or r.kind not in kinds:
+            continue
+        entry = seen.setdefault(
+            name, {"turns": 0, "requests": 0, "prefill_ms": 0.0, "lost_ms": 0.0}
+        )
+        entry["turns"] = max(entry["turns"], r.turn or 0)
+        entry["requests"] += 1
+        entry["prefill_ms"] += r.prefill_ms or 0.0
+        entry["lost_ms"] += r.prefill_lost_ms or 0.0
+    ranked = sorted(seen.items(), key=lambda kv: (-kv[1]["lost_ms"], -kv[1]["prefill_ms"], kv[0]))
+    shown = {
+        name: {**e, "prefill_ms": round(e["prefill_ms"], 3), "lost_ms": round(e["lost_ms"], 3)}
+        for name, e in ranked[:top]
+    }
+    return shown, len(seen)
+
+
 def _spread(medians: list[float]) -> dict[str, float] | None:
     if len(medians) < 2:
         return None
@@ -287,7 +383,9 @@ def build_report(
     summarises each API's kinds), ``upstream_errors`` by status, ``per_run`` medians with
     the spread between runs, the ``roofline`` (estimates, when model/board are known), and
     the record fields the logs lacked (``missing_fields``, with ``unknown`` saying how
-    records without an outcome or a kind were counted).
+    records without an outcome or a kind were counted), why prefill was paid (``findings``,
+    ``conversations`` of the ``conversations_seen``, and ``attributed``: the records with a
+    prefix attribution, 0 for logs without one).
 
     ``kind`` (``chat`` or ``tool``) keeps only that kind.
     """
@@ -304,6 +402,7 @@ def build_report(
     for run in runs:
         skipped.update(run.skipped)
         missing.update(run.missing)
+    talks, seen = conversations(runs, kinds)
     return {
         "note": COMPLETED_ONLY,
         "kind": kind,
@@ -321,4 +420,8 @@ def build_report(
         "cache": summarize_cache(completed(chosen)),
         "per_run": {k: _per_run(runs, k) for k in kinds},
         "roofline": roofline,
+        "attributed": sum(1 for r in chosen if r.prefix_kind is not None),
+        "findings": findings(runs, kinds),
+        "conversations": talks,
+        "conversations_seen": seen,
     }

@@ -38,6 +38,7 @@ RECORD_FIELDS = [
     *("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source", "schema_cached"),
     *("schema_prefill_ms", "schema_saved_ms", "schema_prefilled_again", "accounting_error"),
     *("prefix_kind", "reusable_tokens", "cache_lost_tokens", "diverged_at", "diverged_section"),
+    "diverged_offset",
     *("diverged_cost_ms", "prefill_cause", "prefill_lost_ms", "conversation", "turn"),
     *("diverged_text", "attribution_error"),
     *("decode_gbs", "roof_ratio"),

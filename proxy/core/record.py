@@ -172,6 +172,7 @@ class Record:
     cache_lost_tokens: int | None = None
     diverged_at: int | None = None
     diverged_section: str | None = None
+    diverged_offset: int | None = None
     diverged_cost_ms: float | None = None
     prefill_cause: str | None = None
     prefill_lost_ms: float | None = None

@@ -168,6 +168,7 @@ class Attributor:
             "cache_lost_tokens": a.cache_lost_tokens,
             "diverged_at": a.diverged_at,
             "diverged_section": a.diverged_section,
+            "diverged_offset": a.diverged_offset,
             "diverged_cost_ms": a.diverged_cost_ms,
             "prefill_cause": str(cause) if cause is not None else None,
             "conversation": a.conversation,

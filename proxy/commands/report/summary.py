@@ -249,7 +249,7 @@ def _as_attribution(record: Record) -> Attribution:
         cache_lost_tokens=record.cache_lost_tokens,
         diverged_at=record.diverged_at,
         diverged_section=record.diverged_section,
-        diverged_offset=None,
+        diverged_offset=record.diverged_offset,
         diverged_cost_ms=record.diverged_cost_ms,
         conversation=record.conversation or "",
         turn=record.turn or 0,
@@ -280,7 +280,7 @@ def findings(runs: Sequence[Run], kinds: Sequence[str] = KINDS) -> list[dict[str
         if cause is not None and r.kind in kinds:
             previous = answers.get(name) if r.conversation is not None else None
             tokens = lost_tokens(_as_attribution(r), cause, r.prompt_tokens, previous)
-            found.add(cause, r.diverged_section, tokens, r.prefill_lost_ms)
+            found.add(cause, r.diverged_section, tokens, r.prefill_lost_ms, r.diverged_offset)
         if r.conversation is not None:
             answers[name] = r.predicted_n
     return [f.to_dict() for f in found.ranked()]

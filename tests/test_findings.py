@@ -22,7 +22,9 @@ from proxy.core.findings import (
     LOST_MIN_TOKENS,
     Cause,
     Findings,
+    cache_cause_of,
     cause_of,
+    dropped_section,
     lost_tokens,
 )
 from proxy.core.prefix import Attribution, PrefixKind, PromptHistory, RenderedPrompt
@@ -401,3 +403,49 @@ class TestFindings:
             (Cause.TOOLS_CHANGED, "tools[0]:move", 1),
         ]
         assert ranked[0].ms > ranked[1].ms > 0
+
+
+def _lost(tokens: int | None, between: int = 0) -> Attribution:
+    return Attribution(
+        prefix_kind=PrefixKind.REWRITE,
+        reusable_tokens=100,
+        cache_lost_tokens=tokens,
+        diverged_at=100,
+        diverged_section="messages[0].content",
+        diverged_offset=3,
+        diverged_cost_ms=None,
+        conversation="c1",
+        turn=2,
+        between=between,
+    )
+
+
+class TestCacheCause:
+    @pytest.mark.parametrize(
+        ("between", "expected"), [(0, Cause.SLIDING_WINDOW), (2, Cause.SLOT_EVICTED)]
+    )
+    def test_the_prefix_lost_beside_a_changed_prompt(self, between: int, expected: Cause) -> None:
+        """A changed prompt whose reusable prefix was not reused either has a second cause
+        for that prefix: a sliding window with nothing between, an eviction otherwise."""
+        a = _lost(LOST_MIN_TOKENS, between)
+        assert cache_cause_of(a, Cause.SYSTEM_PROMPT_CHANGED) is expected
+
+    @pytest.mark.parametrize(
+        "cause", [None, Cause.CACHE_PROMPT_OFF, Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW]
+    )
+    def test_no_second_cause_when_the_first_explains_the_prefix(self, cause: Cause | None) -> None:
+        """No second cause when there is no first one, or when the first is the cache's own
+        (cache off, eviction, sliding window: the same loss)."""
+        assert cache_cause_of(_lost(500), cause) is None
+
+    @pytest.mark.parametrize("tokens", [None, 0, LOST_MIN_TOKENS - 1])
+    def test_a_small_loss_is_the_servers_margin(self, tokens: int | None) -> None:
+        """Fewer lost tokens than the threshold (or unknown) name no second cause."""
+        assert cache_cause_of(_lost(tokens), Cause.TOOLS_CHANGED) is None
+
+
+def test_dropped_section_names_the_reasoning_left_out() -> None:
+    """The dropped section is the first history reasoning the rendering lacks."""
+    missing = ("tools[3]:x", "messages[2].reasoning_content", "messages[4].reasoning_content")
+    assert dropped_section(missing) == "messages[2].reasoning_content"
+    assert dropped_section(("tools[0]:x",)) is None

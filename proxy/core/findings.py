@@ -20,7 +20,16 @@ from typing import Any
 
 from proxy.core.prefix import Attribution, PrefixKind
 
-__all__ = ["FIXES", "Cause", "Finding", "Findings", "cause_of"]
+__all__ = [
+    "FIXES",
+    "Cause",
+    "Finding",
+    "Findings",
+    "cache_cause_of",
+    "cause_of",
+    "dropped_section",
+    "lost_tokens",
+]
 
 LOST_MIN_TOKENS = 16
 """Fewer tokens lost than this is the server's own margin (a checkpoint a few tokens back,
@@ -95,6 +104,24 @@ def cause_of(
     if a.cache_lost_tokens is not None and a.cache_lost_tokens >= LOST_MIN_TOKENS:
         return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
     return None
+
+
+def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | None:
+    """The cause of the reusable prefix the server did not reuse (``cache_lost_tokens``),
+    when another cause explains the rest of the prompt: a clock in the system prompt on a
+    sliding-window server loses both the tokens after the change (that cause) and the
+    prefix before it (this one). They do not overlap, and their fixes differ."""
+    a = attribution
+    if cause in (None, Cause.CACHE_PROMPT_OFF, Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW):
+        return None
+    if a.cache_lost_tokens is None or a.cache_lost_tokens < LOST_MIN_TOKENS:
+        return None
+    return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
+
+
+def dropped_section(missing: tuple[str, ...]) -> str | None:
+    """The history message whose reasoning the template left out (its section name)."""
+    return next((m for m in missing if m.endswith(".reasoning_content")), None)
 
 
 def lost_tokens(

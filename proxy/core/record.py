@@ -176,6 +176,8 @@ class Record:
     diverged_cost_ms: float | None = None
     prefill_cause: str | None = None
     prefill_lost_ms: float | None = None
+    cache_lost_cause: str | None = None
+    cache_lost_ms: float | None = None
     conversation: str | None = None
     turn: int | None = None
     diverged_text: dict[str, str] | None = None

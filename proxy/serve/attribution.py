@@ -17,7 +17,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.core.dialects import CHAT_COMPLETIONS
-from proxy.core.findings import Findings, cause_of, lost_tokens
+from proxy.core.findings import (
+    Cause,
+    Findings,
+    cache_cause_of,
+    cause_of,
+    dropped_section,
+    lost_tokens,
+)
 from proxy.core.prefix import PromptHistory, RenderedPrompt
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
@@ -54,6 +61,11 @@ def conversation_id_of(body: dict[str, Any] | None) -> str | None:
     metadata = body.get("metadata")
     user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
     return user_id if isinstance(user_id, str) and user_id else None
+
+
+def _priced(tokens: int | None, ms_per_token: float | None) -> float | None:
+    """``tokens`` at ``ms_per_token`` (None when either is unknown or nothing was lost)."""
+    return round(tokens * ms_per_token, 3) if tokens and ms_per_token else None
 
 
 class Attributor:
@@ -186,17 +198,22 @@ class Attributor:
             }
         lost_ms = None
         if cause is not None:
+            section = a.diverged_section
+            if cause is Cause.TEMPLATE_DROPS_HISTORY:
+                section = fields["diverged_section"] = dropped_section(prompt.missing)
             tokens = lost_tokens(a, cause, record.prompt_tokens, self.history.predicted(a.matched))
-            lost_ms = round(tokens * ms_per_token, 3) if tokens and ms_per_token else None
-            self.findings.add(cause, a.diverged_section, tokens, lost_ms, a.diverged_offset)
+            lost_ms = _priced(tokens, ms_per_token)
+            self.findings.add(cause, section, tokens, lost_ms, a.diverged_offset)
             fields["prefill_lost_ms"] = lost_ms
             self._on_event(
-                "prefill_cause",
-                id=record.id,
-                cause=str(cause),
-                section=a.diverged_section,
-                lost_ms=lost_ms,
+                "prefill_cause", id=record.id, cause=str(cause), section=section, lost_ms=lost_ms
             )
+        cache_cause = cache_cause_of(a, cause)
+        if cache_cause is not None:
+            cache_ms = _priced(a.cache_lost_tokens, ms_per_token)
+            self.findings.add(cache_cause, None, a.cache_lost_tokens, cache_ms)
+            fields.update(cache_lost_cause=str(cache_cause), cache_lost_ms=cache_ms)
+            lost_ms = (lost_ms or 0.0) + (cache_ms or 0.0)
         self._count_conversation(a.conversation, a.turn, record, lost_ms)
         return fields
 

@@ -254,14 +254,17 @@ class Metrics:
         to each cause (a request with a cause but no estimate adds 0: the series exists)."""
         if record.cache_lost_tokens is not None and record.cache_lost_tokens > 0:
             c.lost_tokens.inc(record.cache_lost_tokens)
-        cause = record.prefill_cause
-        if cause not in CAUSES:
-            return
-        key = (model, str(cause))
-        child = self._lost.get(key)
-        if child is None:
-            child = self._lost[key] = self.prefill_lost.labels(*key)
-        child.inc(max(0.0, record.prefill_lost_ms or 0.0) / 1000.0)
+        for cause, lost_ms in (
+            (record.prefill_cause, record.prefill_lost_ms),
+            (record.cache_lost_cause, record.cache_lost_ms),
+        ):
+            if cause not in CAUSES:
+                continue
+            key = (model, str(cause))
+            child = self._lost.get(key)
+            if child is None:
+                child = self._lost[key] = self.prefill_lost.labels(*key)
+            child.inc(max(0.0, lost_ms or 0.0) / 1000.0)
 
     def render(self, upstream: bytes | None) -> bytes:
         """The exposition text: ours, then llama-server's own metrics when it answered."""

@@ -231,10 +231,14 @@ def _by_api(records: Sequence[Record], kinds: Sequence[str]) -> dict[str, Any]:
 
 
 def _cause(record: Record) -> Cause | None:
-    """The record's ``prefill_cause`` when it is one of :class:`Cause` (another harness's
-    name is not)."""
+    """The record's ``prefill_cause`` when it is one of :class:`Cause`."""
+    return _named_cause(record.prefill_cause)
+
+
+def _named_cause(name: str | None) -> Cause | None:
+    """``name`` when it is one of :class:`Cause` (another harness's name is not)."""
     try:
-        return Cause(record.prefill_cause) if record.prefill_cause is not None else None
+        return Cause(name) if name is not None else None
     except ValueError:
         return None
 
@@ -281,6 +285,9 @@ def findings(runs: Sequence[Run], kinds: Sequence[str] = KINDS) -> list[dict[str
             previous = answers.get(name) if r.conversation is not None else None
             tokens = lost_tokens(_as_attribution(r), cause, r.prompt_tokens, previous)
             found.add(cause, r.diverged_section, tokens, r.prefill_lost_ms, r.diverged_offset)
+        cache_cause = _named_cause(r.cache_lost_cause)
+        if cache_cause is not None and r.kind in kinds:
+            found.add(cache_cause, None, r.cache_lost_tokens, r.cache_lost_ms)
         if r.conversation is not None:
             answers[name] = r.predicted_n
     return [f.to_dict() for f in found.ranked()]
@@ -302,7 +309,7 @@ def conversations(
         entry["turns"] = max(entry["turns"], r.turn or 0)
         entry["requests"] += 1
         entry["prefill_ms"] += r.prefill_ms or 0.0
-        entry["lost_ms"] += r.prefill_lost_ms or 0.0
+        entry["lost_ms"] += (r.prefill_lost_ms or 0.0) + (r.cache_lost_ms or 0.0)
     ranked = sorted(seen.items(), key=lambda kv: (-kv[1]["lost_ms"], -kv[1]["prefill_ms"], kv[0]))
     shown = {
         name: {**e, "prefill_ms": round(e["prefill_ms"], 3), "lost_ms": round(e["lost_ms"], 3)}

@@ -6,7 +6,8 @@ paid"):
 
 * a robot controller whose system prompt holds a clock, three calls;
 * an agent with five tools, then the same tools in another order;
-* a two-turn tool conversation (the call, then its result), then the same request again;
+* the same agent's next turn (its call and the result written into the history), then the
+  same request again;
 * a request with ``cache_prompt: false``.
 
     .venv/bin/python bench/prefix_scenarios.py [--upstream URL] [--log requests.jsonl]
@@ -82,16 +83,18 @@ def scenarios(base: str) -> None:
     ]
     _post(base, {**TOOL, "messages": question, "tools": TOOLS})
     _post(base, {**TOOL, "messages": question, "tools": [TOOLS[1], TOOLS[0], *TOOLS[2:]]})
-    _, answer = _post(base, {**TOOL, "messages": question, "tools": TOOLS})
-    calls = answer["choices"][0]["message"].get("tool_calls") or []
-    if calls:
-        turn = [
-            *question,
-            {"role": "assistant", "content": None, "tool_calls": calls[:1]},
-            {"role": "tool", "tool_call_id": calls[0].get("id", "call_1"), "content": "18 C"},
-        ]
-        _post(base, {**TOOL, "messages": turn, "tools": TOOLS})
-        _post(base, {**TOOL, "messages": turn, "tools": TOOLS})
+    _post(base, {**TOOL, "messages": question, "tools": TOOLS})
+    # the next turn, with the call written into the history (the small model does not always
+    # call a tool: the scenario must not depend on it), then the same request again
+    weather = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    call = {"id": "call_1", "type": "function", "function": weather}
+    turn = [
+        *question,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]
+    _post(base, {**TOOL, "messages": turn, "tools": TOOLS})
+    _post(base, {**TOOL, "messages": turn, "tools": TOOLS})
     _post(base, {**TOOL, "messages": question, "tools": TOOLS, "cache_prompt": False})
 
 

@@ -111,6 +111,7 @@ class AccountingConfig:
     cache_entries: int = field(default=1024, metadata={"ge": 1})
     attribution: bool = True
     attribution_history: int = field(default=64, metadata={"ge": 1})
+    conversation_header: str = "X-Conversation-Id"
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,3 +200,18 @@ class TestAttribution:
         first = await send(proxy, toy, {**clocked(1), "user": "arm-1"}, 0, 1)
         second = await send(proxy, toy, {**body_of([READ_FILE]), "user": "arm-1"}, 0, 2)
         assert [(r.conversation, r.turn) for r in (first, second)] == [("arm-1", 1), ("arm-1", 2)]
+
+
+async def test_conversation_id_in_a_header(toy: ToyLlama, make_proxy: ProxyFactory) -> None:
+    """The configured header names the conversation, before the body's ``user``."""
+    proxy = await start(make_proxy, toy)
+    body = {**clocked(1), "user": "from-body"}
+    evaluated(toy, body, 0)
+    resp = await proxy.client.post(
+        "/v1/chat/completions",
+        data=orjson.dumps(body),
+        headers={"Content-Type": "application/json", "X-Conversation-Id": "arm-7"},
+    )
+    await resp.read()
+    record = await wait_record(proxy)
+    assert (record.conversation, record.turn) == ("arm-7", 1)

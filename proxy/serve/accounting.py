@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -88,6 +88,8 @@ class Pending:
     facts: RequestFacts
     schema: asyncio.Task[SchemaInfo] | None
     prompt: asyncio.Task[RenderedPrompt] | None = None
+    conversation: str | None = None
+    """The conversation id the agent sent in the configured header."""
 
 
 @dataclass(slots=True)
@@ -116,6 +118,7 @@ class Accounting:
         attribution: bool = False,
         attribution_history: int = 64,
         show_diff_text: bool = False,
+        conversation_header: str = "",
     ) -> None:
         self._base = upstream.rstrip("/")
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
@@ -129,6 +132,7 @@ class Accounting:
         self._background: set[asyncio.Future[None]] = set()
         self.prefilled_again = 0
         self.reference_ms_per_token: float | None = None
+        self._conversation_header = conversation_header
         self.attributor = (
             Attributor(
                 self._post,
@@ -263,17 +267,23 @@ class Accounting:
             out[_tool_name(tool, i)] = full - await self._count(path, {**counted, "tools": others})
         return out
 
-    def begin(self, facts: RequestFacts) -> Pending | None:
+    def begin(
+        self, facts: RequestFacts, headers: Mapping[str, str] | None = None
+    ) -> Pending | None:
         """Start the look-ups of one request: its schema's (a tool request of an API that
         llama-server can count) and its prompt's rendering (a chat or tool request, with
-        attribution on); ``None`` when there is none to make. Never blocks."""
+        attribution on); ``None`` when there is none to make. Never blocks. ``headers`` are
+        the request's, for the conversation id an agent may send."""
         if facts.body is None or self._session is None:
             return None
         schema = self._begin_schema(facts)
         prompt = self.attributor.begin(facts) if self.attributor is not None else None
         if schema is None and prompt is None:
             return None
-        return Pending(facts=facts, schema=schema, prompt=prompt)
+        conversation = None
+        if headers is not None and self._conversation_header:
+            conversation = headers.get(self._conversation_header) or None
+        return Pending(facts=facts, schema=schema, prompt=prompt, conversation=conversation)
 
     def _begin_schema(self, facts: RequestFacts) -> asyncio.Task[SchemaInfo] | None:
         body = facts.body
@@ -355,7 +365,11 @@ class Accounting:
             prompt, error = await _joined(pending.prompt, 3 * self._timeout)
             if prompt is not None:
                 rate = self.reference_ms_per_token
-                fields.update(self.attributor.attribute(record, pending.facts, prompt, rate))
+                fields.update(
+                    self.attributor.attribute(
+                        record, pending.facts, prompt, rate, pending.conversation
+                    )
+                )
             else:
                 fields["attribution_error"] = error
         if obs is not None and obs.tool_calls:

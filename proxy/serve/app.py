@@ -111,6 +111,7 @@ async def _start_accounting(config: Config, sinks: list[RecordSink]) -> Accounti
         attribution=config.accounting.attribution,
         attribution_history=config.accounting.attribution_history,
         show_diff_text=config.privacy.show_diff_text,
+        conversation_header=config.accounting.conversation_header,
     )
     await accounting.start()
     sinks.insert(0, accounting.learn_rate)

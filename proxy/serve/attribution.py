@@ -138,8 +138,10 @@ class Attributor:
         facts: RequestFacts,
         prompt: RenderedPrompt,
         ms_per_token: float | None,
+        conversation: str | None = None,
     ) -> dict[str, Any]:
-        """The record's prefix fields for its rendered ``prompt``; counts the finding."""
+        """The record's prefix fields for its rendered ``prompt``; counts the finding.
+        ``conversation`` is the id the agent sent in a header, if any (before the body's)."""
         offset = self._offset or 0
         if ms_per_token is None and record.prefill_ms is not None and record.prompt_n:
             # no reference rate yet: this request's own, which prefilled at least the
@@ -154,7 +156,7 @@ class Attributor:
             offset=offset,
             cache_n=record.cache_n,
             ms_per_token=ms_per_token,
-            conversation_id=conversation_id_of(facts.body),
+            conversation_id=conversation or conversation_id_of(facts.body),
         )
         self.history.answered(self.history.last_seq, record.predicted_n)
         chat = chat_body_of(facts) or {}

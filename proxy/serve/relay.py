@@ -153,7 +153,7 @@ class Relay:
         flight.facts = analyse_request(request.method, request.path, body)
         if self._accounting is not None:
             try:
-                flight.pending = self._accounting.begin(flight.facts)
+                flight.pending = self._accounting.begin(flight.facts, request.headers)
             except Exception as exc:  # accounting must never stop a request
                 flight.accounting_error = f"begin: {type(exc).__name__}"
         url = URL(self._base + request.raw_path, encoded=True)

@@ -450,6 +450,85 @@ class TestSchemaAccounting:
             == _post_json(api_url, without(turn))["input_tokens"]
         )
 
+    @pytest.mark.parametrize(
+        ("dialect", "body"),
+        [
+            pytest.param(
+                RESPONSES,
+                {
+                    "instructions": "You are a robot.",
+                    "tools": [{"type": "function", **WEATHER_TOOL["function"]}],
+                    "input": [
+                        {"role": "user", "content": "What is the weather in Paris?"},
+                        {
+                            "type": "function_call",
+                            "call_id": "call_1",
+                            "name": "get_weather",
+                            "arguments": '{"city": "Paris"}',
+                        },
+                        {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+                        {
+                            "type": "message",
+                            "role": "assistant",
+                            "content": [{"type": "output_text", "text": "It is 18 C."}],
+                        },
+                        {"role": "user", "content": [{"type": "input_text", "text": "Berlin?"}]},
+                    ],
+                },
+                id="responses",
+            ),
+            pytest.param(
+                MESSAGES,
+                {
+                    "max_tokens": 8,
+                    "system": "You are a robot.",
+                    "tools": [
+                        {
+                            "name": "get_weather",
+                            "description": "Get the weather.",
+                            "input_schema": WEATHER_TOOL["function"]["parameters"],
+                        }
+                    ],
+                    "messages": [
+                        {"role": "user", "content": "What is the weather in Paris?"},
+                        {
+                            "role": "assistant",
+                            "content": [
+                                {"type": "text", "text": "Let me check."},
+                                {
+                                    "type": "tool_use",
+                                    "id": "tu_1",
+                                    "name": "get_weather",
+                                    "input": {"city": "Paris"},
+                                },
+                            ],
+                        },
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "tool_result", "tool_use_id": "tu_1", "content": "18 C"},
+                                {"type": "text", "text": "And Berlin?"},
+                            ],
+                        },
+                    ],
+                },
+                id="messages",
+            ),
+        ],
+    )
+    def test_a_conversation_counts_as_the_apis_own_converter(
+        self, llama_server: LlamaServer, dialect: Dialect, body: dict[str, Any]
+    ) -> None:
+        """A whole multi-turn conversation (tool calls and their results, assistant text) in
+        the Chat Completions form the proxy renders to attribute its prefill counts exactly as
+        llama-server's own converter of that API counts it: the form the attribution trusts
+        is the prompt llama-server evaluates."""
+        assert dialect.chat_form and dialect.count_path
+        body = {"model": "gemma", "chat_template_kwargs": {"enable_thinking": False}, **body}
+        chat_url = llama_server.url + "/v1/chat/completions/input_tokens"
+        own = _post_json(llama_server.url + dialect.count_path, body)["input_tokens"]
+        assert _post_json(chat_url, dialect.chat_form(body))["input_tokens"] == own
+
     def test_busted_cache_is_reported(self, proxy_process: ProxyProcess) -> None:
         """The same schema prefilled again (cache_prompt false) is flagged and counted."""
         tools = _nonce_tools(str(time.time_ns()))

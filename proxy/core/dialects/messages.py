@@ -26,6 +26,7 @@ not parse come back as ``{}``.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -200,17 +201,72 @@ def _system_text(system: Any) -> str | None:
     return system if isinstance(system, str) else None
 
 
+def _block_text(content: Any) -> str:
+    """A ``tool_result``'s content as text: a string, or its text blocks joined."""
+    if isinstance(content, list):
+        return "".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return content if isinstance(content, str) else ""
+
+
+def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` block as a chat tool call (arguments: the compact JSON of ``input``)."""
+    arguments = json.dumps(block.get("input", {}), separators=(",", ":"))
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
+
+
+def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One message as chat messages: text blocks as text parts, ``thinking`` as
+    ``reasoning_content``, ``tool_use`` as tool calls, each ``tool_result`` a tool message
+    of its own, before the rest."""
+    content = message.get("content")
+    role = message.get("role")
+    if not isinstance(content, list):
+        return [{"role": role, "content": content}]
+    blocks = [b for b in content if isinstance(b, dict)]
+    out: list[dict[str, Any]] = [
+        {
+            "role": "tool",
+            "tool_call_id": b.get("tool_use_id"),
+            "content": _block_text(b.get("content")),
+        }
+        for b in blocks
+        if b.get("type") == "tool_result"
+    ]
+    texts = [{"type": "text", "text": b.get("text")} for b in blocks if b.get("type") == "text"]
+    calls = [_tool_call(b) for b in blocks if b.get("type") == "tool_use"]
+    reasoning = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
+    if texts or calls or reasoning or not out:
+        chat: dict[str, Any] = {"role": role, "content": texts or ""}
+        if calls:
+            chat["tool_calls"] = calls
+        if reasoning:
+            chat["reasoning_content"] = reasoning
+        out.append(chat)
+    return out
+
+
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "tool": "required"}
 
 
 def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
-    """What llama-server's converter makes of a system turn: ``system`` as the first message,
+    """What llama-server's converter makes of a request (or its system turn): ``system`` as
+    the first message, the messages' blocks as chat messages,
     each tool as a function whose parameters are its ``input_schema``, ``tool_choice``
     ``auto``/``any``/``tool`` as ``auto``/``required`` (the rest dropped)."""
     messages: list[Any] = []
     if (system := _system_text(turn.get("system"))) is not None:
         messages.append({"role": "system", "content": system})
-    messages.extend(m for m in turn.get("messages") or () if isinstance(m, dict))
+    for message in turn.get("messages") or ():
+        if isinstance(message, dict):
+            messages.extend(_chat_messages(message))
     out: dict[str, Any] = {k: turn[k] for k in ("model", "chat_template_kwargs") if k in turn}
     tools = turn.get("tools")
     if isinstance(tools, list):

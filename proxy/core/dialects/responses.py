@@ -242,14 +242,44 @@ def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_content(content: Any) -> Any:
-    """``input_text`` parts as chat ``text`` parts; a string as it is."""
+    """``input_text``/``output_text`` parts as chat ``text`` parts; a string as it is."""
     if not isinstance(content, list):
         return content
     return [
         {"type": "text", "text": part.get("text")}
         for part in content
-        if isinstance(part, dict) and part.get("type") == "input_text"
+        if isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
     ]
+
+
+def _chat_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages: messages as they are, a ``function_call`` joined to the
+    assistant message before it (or opening one), a ``function_call_output`` a tool
+    message. Other items (reasoning) are left out: a form that then counts otherwise than
+    llama-server's is not trusted by its users."""
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(
+                {"role": item.get("role"), "content": _chat_content(item.get("content"))}
+            )
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            if not (messages and messages[-1].get("role") == "assistant"):
+                messages.append({"role": "assistant", "content": ""})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
+            )
+    return messages
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -260,20 +290,16 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
-    """What llama-server's converter makes of a system turn: ``instructions`` then the input
-    messages as chat messages, flat function tools nested (other tool types dropped), a
-    string ``tool_choice`` kept (other forms act as ``auto``)."""
+    """What llama-server's converter makes of a request (or its system turn):
+    ``instructions`` then the input items as chat messages, flat function tools nested
+    (other tool types dropped), a string ``tool_choice`` kept (other forms act as ``auto``)."""
     messages: list[Any] = []
     if isinstance(instructions := turn.get("instructions"), str):
         messages.append({"role": "system", "content": instructions})
     items = turn.get("input")
     if isinstance(items, str):  # one user message
         items = [{"role": "user", "content": items}]
-    for item in items if isinstance(items, list) else ():
-        if isinstance(item, dict):
-            messages.append(
-                {"role": item.get("role"), "content": _chat_content(item.get("content"))}
-            )
+    messages += _chat_messages(items if isinstance(items, list) else [])
     out: dict[str, Any] = {
         k: turn[k] for k in ("model", "parallel_tool_calls", "chat_template_kwargs") if k in turn
     }

@@ -9,6 +9,7 @@ proxy/serve/attribution.py uses them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -449,3 +450,31 @@ def test_dropped_section_names_the_reasoning_left_out() -> None:
     missing = ("tools[3]:x", "messages[2].reasoning_content", "messages[4].reasoning_content")
     assert dropped_section(missing) == "messages[2].reasoning_content"
     assert dropped_section(("tools[0]:x",)) is None
+
+
+class TestContextShift:
+    def test_a_filled_context_names_the_shift(self) -> None:
+        """Reusable tokens lost after the previous turn filled the context are a context
+        shift, before an eviction or a sliding window."""
+        for between in (0, 3):
+            a = dataclasses.replace(_lost(LOST_MIN_TOKENS, between), prefix_kind=PrefixKind.EXTENDS)
+            assert (
+                cause_of(a, cache_prompt=True, role_of=lambda i: None, context_filled=True)
+                is Cause.CONTEXT_SHIFT
+            )
+            assert cause_of(a, cache_prompt=True, role_of=lambda i: None) in (
+                Cause.SLIDING_WINDOW,
+                Cause.SLOT_EVICTED,
+            )
+
+    def test_filled_reads_the_matched_prompt_and_its_answer(self) -> None:
+        """A prompt whose tokens and answer reach the context size filled it; one that did
+        not, or an unknown size, did not."""
+        history = PromptHistory(size=4)
+        prompt = RenderedPrompt.build([1, 2, 3], [b"a", b"b", b"c"], "abc", {"messages": []})
+        history.attribute(prompt, offset=1, cache_n=0, ms_per_token=None)
+        history.answered(history.last_seq, predicted_n=60, prompt_tokens=4)
+        assert history.filled(history.last_seq, 64)
+        assert not history.filled(history.last_seq, 128)
+        assert not history.filled(history.last_seq, None)
+        assert not history.filled(None, 64)

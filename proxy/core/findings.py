@@ -5,9 +5,10 @@ The causes form a closed set (a label of ``/metrics``). A request gets at most o
 that applies in this order: the request turned the cache off; its prompt changed before the
 end of the earlier one (in a system message, in the tools, in the history, or by compaction);
 the template left out part of the history (earlier reasoning), so the previous answer's tokens
-cannot be reused; the server had the shared prefix and reused less of it, after other
-prompts ran (evicted, or another slot) or with nothing between (a sliding-window model
-without ``--swa-full``, whose cache resumes only from checkpoints).
+cannot be reused; the server had the shared prefix and reused less of it, after the previous
+turn filled the context (a context shift), after other prompts ran (evicted, or another
+slot), or with nothing between (a sliding-window model without ``--swa-full``, whose cache
+resumes only from checkpoints).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Cause(enum.StrEnum):
     HISTORY_REWRITTEN = "history_rewritten"
     COMPACTION = "compaction"
     TEMPLATE_DROPS_HISTORY = "template_drops_history"
+    CONTEXT_SHIFT = "context_shift"
     SLOT_EVICTED = "slot_evicted"
     SLIDING_WINDOW = "sliding_window"
 
@@ -65,6 +67,9 @@ FIXES: dict[Cause, str] = {
     Cause.TEMPLATE_DROPS_HISTORY: "the chat template drops earlier reasoning from the history, "
     "so the previous answer's tokens in the cache are not a prefix of the next prompt: send "
     "the history without reasoning_content, or use a template that keeps it",
+    Cause.CONTEXT_SHIFT: "the previous turn filled the context and llama-server shifted it "
+    "(discarding tokens), so its cache no longer matches the history: raise -c (--ctx-size), "
+    "cap max_tokens, or compact the history before it reaches the context",
     Cause.SLOT_EVICTED: "another prompt took the slot between two turns: run llama-server "
     "with one slot per agent (-np N), pin each conversation with id_slot, or tune "
     "--slot-prompt-similarity and --cache-ram",
@@ -82,6 +87,7 @@ def cause_of(
     cache_prompt: bool,
     role_of: Callable[[int], str | None],
     missing: tuple[str, ...] = (),
+    context_filled: bool = False,
 ) -> Cause | None:
     """The cause of one request's paid prefill, or None (cold, or nothing lost)."""
     a = attribution
@@ -102,6 +108,8 @@ def cause_of(
     ):
         return Cause.TEMPLATE_DROPS_HISTORY
     if a.cache_lost_tokens is not None and a.cache_lost_tokens >= LOST_MIN_TOKENS:
+        if context_filled:
+            return Cause.CONTEXT_SHIFT
         return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
     return None
 
@@ -112,7 +120,13 @@ def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | Non
     sliding-window server loses both the tokens after the change (that cause) and the
     prefix before it (this one). They do not overlap, and their fixes differ."""
     a = attribution
-    if cause in (None, Cause.CACHE_PROMPT_OFF, Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW):
+    if cause in (
+        None,
+        Cause.CACHE_PROMPT_OFF,
+        Cause.CONTEXT_SHIFT,
+        Cause.SLOT_EVICTED,
+        Cause.SLIDING_WINDOW,
+    ):
         return None
     if a.cache_lost_tokens is None or a.cache_lost_tokens < LOST_MIN_TOKENS:
         return None
@@ -205,5 +219,11 @@ class Findings:
 
 
 _SECTIONLESS = frozenset(
-    {Cause.CACHE_PROMPT_OFF, Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW, Cause.COMPACTION}
+    {
+        Cause.CACHE_PROMPT_OFF,
+        Cause.CONTEXT_SHIFT,
+        Cause.SLOT_EVICTED,
+        Cause.SLIDING_WINDOW,
+        Cause.COMPACTION,
+    }
 )

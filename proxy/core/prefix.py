@@ -296,6 +296,7 @@ class _Seen:
     conversation: str
     turn: int
     predicted_n: int | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -352,12 +353,25 @@ class PromptHistory:
             between=between,
         )
 
-    def answered(self, seq: int, predicted_n: int | None) -> None:
-        """Note how many tokens the answer to prompt ``seq`` generated."""
+    def answered(self, seq: int, predicted_n: int | None, prompt_tokens: int | None = None) -> None:
+        """Note how many tokens the answer to prompt ``seq`` generated, after how many."""
         for seen in reversed(self._seen):
             if seen.seq == seq:
                 seen.predicted_n = predicted_n
+                seen.prompt_tokens = prompt_tokens
                 return
+
+    def filled(self, seq: int | None, n_ctx: int | None) -> bool:
+        """Whether prompt ``seq`` and its answer reached the context size ``n_ctx``: then
+        llama-server shifted the context (or cut the answer), and its cache no longer holds
+        that prompt as sent."""
+        if n_ctx is None:
+            return False
+        for seen in reversed(self._seen):
+            if seen.seq == seq:
+                used = (seen.prompt_tokens or 0) + (seen.predicted_n or 0)
+                return seen.prompt_tokens is not None and used >= n_ctx - 1
+        return False
 
     def predicted(self, seq: int | None) -> int | None:
         """The generated tokens of prompt ``seq``'s answer, when noted."""

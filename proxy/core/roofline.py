@@ -71,6 +71,8 @@ class ModelMeta:
     name: str | None = None
     source: str = "given"
     """Where the figures came from, for the report's label."""
+    n_ctx: int | None = None
+    """The context of one slot (``meta.n_ctx``), when the server said."""
 
     @classmethod
     def from_models_json(cls, obj: Any) -> ModelMeta | None:
@@ -91,7 +93,11 @@ class ModelMeta:
             return None
         name = entry.get("id")
         return cls(
-            size, n_params, name if isinstance(name, str) and name else None, "/v1/models meta"
+            size,
+            n_params,
+            name if isinstance(name, str) and name else None,
+            "/v1/models meta",
+            _positive_int(meta.get("n_ctx")),
         )
 
     @property

@@ -119,6 +119,7 @@ class Accounting:
         attribution_history: int = 64,
         show_diff_text: bool = False,
         conversation_header: str = "",
+        context_size: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._base = upstream.rstrip("/")
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
@@ -139,6 +140,7 @@ class Accounting:
                 history=attribution_history,
                 keep_text=show_diff_text,
                 on_event=self._on_event,
+                context_size=context_size,
             )
             if attribution
             else None

@@ -98,8 +98,11 @@ def _relay_settings(config: Config) -> RelaySettings:
     )
 
 
-async def _start_accounting(config: Config, sinks: list[RecordSink]) -> Accounting | None:
-    """The tool-schema accounting when it is on (its rate learning the first sink)."""
+async def _start_accounting(
+    config: Config, sinks: list[RecordSink], model_info: ModelInfo
+) -> Accounting | None:
+    """The tool-schema accounting when it is on (its rate learning the first sink); the
+    served model's context size, once known, tells a context shift."""
     if not config.accounting.enabled:
         return None
     accounting = Accounting(
@@ -112,6 +115,7 @@ async def _start_accounting(config: Config, sinks: list[RecordSink]) -> Accounti
         attribution_history=config.accounting.attribution_history,
         show_diff_text=config.privacy.show_diff_text,
         conversation_header=config.accounting.conversation_header,
+        context_size=lambda: model_info.meta.n_ctx if model_info.meta is not None else None,
     )
     await accounting.start()
     sinks.insert(0, accounting.learn_rate)
@@ -128,7 +132,7 @@ def _upstream_context(
         config = app[CONFIG]
         session = app[SESSION] = upstream_session(config)
         stream_session = app[STREAM_SESSION] = upstream_session(config, pooled=False)
-        accounting = app[ACCOUNTING] = await _start_accounting(config, app[SINKS])
+        accounting = app[ACCOUNTING] = await _start_accounting(config, app[SINKS], app[MODEL_INFO])
         relay = app[RELAY] = Relay(
             session,
             _relay_settings(config),

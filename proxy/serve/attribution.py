@@ -79,6 +79,7 @@ class Attributor:
         cache_entries: int = 256,
         keep_text: bool = False,
         on_event: Callable[..., None] | None = None,
+        context_size: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._post = post
         self._keep_text = keep_text
@@ -91,6 +92,7 @@ class Attributor:
         self.findings = Findings()
         self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._on_event = on_event or (lambda *a, **k: None)
+        self._context_size = context_size
 
     def close(self) -> None:
         """Cancel renderings in flight."""
@@ -158,7 +160,7 @@ class Attributor:
             ms_per_token=ms_per_token,
             conversation_id=conversation or conversation_id_of(facts.body),
         )
-        self.history.answered(self.history.last_seq, record.predicted_n)
+        self.history.answered(self.history.last_seq, record.predicted_n, record.prompt_tokens)
         chat = chat_body_of(facts) or {}
         messages = chat.get("messages")
 
@@ -175,6 +177,7 @@ class Attributor:
             cache_prompt=body.get("cache_prompt") is not False,
             role_of=role_of,
             missing=prompt.missing,
+            context_filled=self.history.filled(a.matched, self._context_size()),
         )
         fields: dict[str, Any] = {
             "prefix_kind": str(a.prefix_kind),

@@ -24,8 +24,6 @@ import tempfile
 import time
 import urllib.request
 from array import array
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import orjson
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
+from bench.api_records import _upstream  # noqa: E402
 from proxy.core.prefix import PromptHistory, RenderedPrompt  # noqa: E402
 
 
@@ -163,34 +162,11 @@ def measure(base: str, turns: int) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def _upstream(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from proxy.commands.provision import (
-        LlamaServer,
-        chat_template_path,
-        ensure_llama_server,
-        ensure_model,
-    )
-
-    with tempfile.TemporaryDirectory() as tmp:
-        server = LlamaServer(
-            ensure_llama_server(), ensure_model(), chat_template_path(), log_dir=Path(tmp)
-        )
-        server.start(timeout=180)
-        try:
-            yield server.url
-        finally:
-            server.stop()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", help="a running llama-server (default: provision one)")
     args = parser.parse_args()
-    with _upstream(args.upstream) as base:
+    with tempfile.TemporaryDirectory() as tmp, _upstream(args.upstream, Path(tmp)) as base:
         for turns in (2, 20):
             print(json.dumps(measure(base, turns)), flush=True)
 

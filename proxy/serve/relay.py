@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -152,10 +152,11 @@ class Relay:
         flight.request_bytes = len(body)
         flight.facts = analyse_request(request.method, request.path, body)
         if self._accounting is not None:
-            try:
-                flight.pending = self._accounting.begin(flight.facts, request.headers)
-            except Exception as exc:  # accounting must never stop a request
-                flight.accounting_error = f"begin: {type(exc).__name__}"
+            # on the loop's next turn, once the request below is on its way: hashing a long
+            # conversation for the look-ups' cache never delays the agent's request
+            asyncio.get_running_loop().call_soon(
+                self._begin_accounting, self._accounting, flight, request.headers
+            )
         url = URL(self._base + request.raw_path, encoded=True)
         # llama-server closes the connection after every event stream without saying so
         # (no "Connection: close"); pooled, such a socket is reused while its FIN is on the
@@ -329,6 +330,15 @@ class Relay:
                 )
             chunks.append(chunk)
         return b"".join(chunks)
+
+    @staticmethod
+    def _begin_accounting(
+        accounting: Accounting, flight: _Flight, headers: Mapping[str, str]
+    ) -> None:
+        try:
+            flight.pending = accounting.begin(flight.facts, headers)
+        except Exception as exc:  # accounting must never stop a request
+            flight.accounting_error = f"begin: {type(exc).__name__}"
 
     def _finish(self, request: web.Request, flight: _Flight) -> None:
         obs = flight.tracker.finish() if flight.tracker is not None else None

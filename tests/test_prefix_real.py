@@ -596,8 +596,8 @@ def test_template_dropping_reasoning_names_the_assistant_turn(on_session_server:
 
 def test_clock_on_sliding_window_server(on_session_server: Lab) -> None:
     """(h) The clock on the session's server (Gemma 3 without ``--swa-full``): llama-server
-    reuses nothing of the prefix before the change (no context checkpoint that early), so
-    ``cache_lost_tokens`` is the whole reusable prefix. Two losses, two fixes: the record's
+    reuses nothing of the prefix before the change (no context checkpoint that early; at most
+    the BOS), so ``cache_lost_tokens`` is the reusable prefix. Two losses, two fixes: the record's
     cause is ``system_prompt_changed`` (the tokens after the change) and its
     ``cache_lost_cause`` is ``sliding_window`` (the prefix before it), each a finding."""
     lab = on_session_server
@@ -607,8 +607,9 @@ def test_clock_on_sliding_window_server(on_session_server: Lab) -> None:
     record, _ = lab.ask(after)
     expected = _expected(lab.upstream, before, after)
     _assert_clock_rewrite(record, expected, lab.shown())
-    assert record["cache_n"] == 0, lab.shown()
-    assert record["cache_lost_tokens"] == record["reusable_tokens"], lab.shown()
+    # nothing reused but, at most, the BOS the slot's previous prompt also began with
+    assert record["cache_n"] <= 1, lab.shown()
+    assert record["cache_lost_tokens"] == record["reusable_tokens"] - record["cache_n"]
     assert record["cache_lost_tokens"] >= LOST_MIN_TOKENS, lab.shown()
     assert record["cache_lost_cause"] == "sliding_window", lab.shown()
     findings = {(f["cause"], f["section"]): f for f in lab.findings()}

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,47 +159,48 @@ class ProxyProcess:
             time.sleep(0.02)
 
 
+@contextmanager
+def proxy_in_front_of(upstream: str, folder: Path) -> Iterator[ProxyProcess]:
+    """``python -m proxy serve`` in front of ``upstream``, as a user starts it, its records in
+    ``folder / "requests.jsonl"``; stopped on exit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_file = folder / "requests.jsonl"
+    with (folder / "stderr.txt").open("wb") as stderr:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"),
+                *("--upstream", upstream, "--log-file", str(log_file)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ},
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/stats", timeout=1):
+                        break
+                except OSError:
+                    assert proc.poll() is None, (folder / "stderr.txt").read_text()
+                    assert time.monotonic() < deadline, "proxy did not start"
+                    time.sleep(0.05)
+            yield ProxyProcess(url=url, log_file=log_file, proc=proc)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def proxy_process(
     llama_server: LlamaServer,  # noqa: F811 - the fixture imported above
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ProxyProcess]:
     """``python -m proxy serve`` in front of the real llama-server."""
-    port = free_port()
-    folder = tmp_path_factory.mktemp("proxy")
-    log_file = folder / "requests.jsonl"
-    stderr = (folder / "stderr.txt").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--upstream",
-            llama_server.url,
-            "--log-file",
-            str(log_file),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=stderr,
-        env={**os.environ},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/stats", timeout=1):
-                break
-        except OSError:
-            assert proc.poll() is None, (folder / "stderr.txt").read_text()
-            assert time.monotonic() < deadline, "proxy did not start"
-            time.sleep(0.05)
-    yield ProxyProcess(url=url, log_file=log_file, proc=proc)
-    proc.terminate()
-    proc.wait(timeout=10)
-    stderr.close()
+    with proxy_in_front_of(llama_server.url, tmp_path_factory.mktemp("proxy")) as proxy:
+        yield proxy
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -33,6 +34,7 @@ __all__ = [
     "llama_server",
     "provision_or_skip",
     "real_required",
+    "started_llama_server",
 ]
 
 START_TIMEOUT = 120.0
@@ -79,20 +81,23 @@ def llama_artifacts(request: pytest.FixtureRequest) -> LlamaArtifacts:
     return provision_or_skip(terminal_log(request.config, "provision"))
 
 
-@pytest.fixture(scope="session")
-def llama_server(
-    llama_artifacts: LlamaArtifacts,
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
+@contextmanager
+def started_llama_server(
+    artifacts: LlamaArtifacts,
+    log_dir: Path,
+    extra_args: Sequence[str] = (),
+    log: Callable[[str], None] | None = None,
 ) -> Iterator[LlamaServer]:
-    """A started llama-server (one slot, 4096 ctx, --metrics) shared by the session; a
-    fallback to ``--no-repack`` after a start-up crash shows in the run's output."""
+    """A started llama-server (one slot, 4096 ctx, --metrics) with ``extra_args`` added,
+    stopped on exit; a fallback to ``--no-repack`` after a start-up crash shows in ``log``.
+    Failing to start is a test failure, never a skip (the artefacts are provisioned)."""
     server = LlamaServer(
-        llama_artifacts.binary,
-        llama_artifacts.model,
-        llama_artifacts.template,
-        log_dir=tmp_path_factory.mktemp("llama-server"),
-        log=terminal_log(request.config, "llama-server"),
+        artifacts.binary,
+        artifacts.model,
+        artifacts.template,
+        extra_args=extra_args,
+        log_dir=log_dir,
+        log=log,
     )
     try:
         server.start(timeout=START_TIMEOUT)
@@ -100,9 +105,24 @@ def llama_server(
         failure = str(exc)
     else:
         failure = ""
-    if failure:  # provisioned but broken: a real failure everywhere, never a skip
+    if failure:  # outside the except: no chained traceback in the report
         pytest.fail(failure, pytrace=False)
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_server(
+    llama_artifacts: LlamaArtifacts,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[LlamaServer]:
+    """The llama-server shared by the session (see :func:`started_llama_server`)."""
+    with started_llama_server(
+        llama_artifacts,
+        tmp_path_factory.mktemp("llama-server"),
+        log=terminal_log(request.config, "llama-server"),
+    ) as server:
+        yield server

@@ -31,9 +31,9 @@ import pytest
 from proxy.commands.provision import LlamaServer
 from proxy.core.findings import LOST_MIN_TOKENS
 from proxy.serve.accounting import REFERENCE_MIN_TOKENS
-from tests.conftest import ProxyProcess
-from tests.llama import LlamaArtifacts
-from tests.llama_variants import extra_llama_server, post_json, proxy_in_front_of
+from tests.conftest import ProxyProcess, proxy_in_front_of
+from tests.llama import LlamaArtifacts, started_llama_server
+from tests.llama_variants import post_json
 from tests.terminal import terminal_log
 
 pytestmark = pytest.mark.real
@@ -226,7 +226,7 @@ def swa_full_server(
     request: pytest.FixtureRequest,
 ) -> Iterator[LlamaServer]:
     """A one-slot llama-server with ``--swa-full --cache-ram 0``."""
-    with extra_llama_server(
+    with started_llama_server(
         llama_artifacts,
         tmp_path_factory.mktemp("llama-swa-full"),
         SWA_FULL_ARGS,

@@ -355,29 +355,30 @@ class PromptHistory:
 
     def answered(self, seq: int, predicted_n: int | None, prompt_tokens: int | None = None) -> None:
         """Note how many tokens the answer to prompt ``seq`` generated, after how many."""
-        for seen in reversed(self._seen):
-            if seen.seq == seq:
-                seen.predicted_n = predicted_n
-                seen.prompt_tokens = prompt_tokens
-                return
+        seen = self._seen_at(seq)
+        if seen is not None:
+            seen.predicted_n = predicted_n
+            seen.prompt_tokens = prompt_tokens
 
     def filled(self, seq: int | None, n_ctx: int | None) -> bool:
         """Whether prompt ``seq`` and its answer reached the context size ``n_ctx``: then
         llama-server shifted the context (or cut the answer), and its cache no longer holds
         that prompt as sent."""
-        if n_ctx is None:
+        seen = self._seen_at(seq)
+        if n_ctx is None or seen is None or seen.prompt_tokens is None:
             return False
-        for seen in reversed(self._seen):
-            if seen.seq == seq:
-                used = (seen.prompt_tokens or 0) + (seen.predicted_n or 0)
-                return seen.prompt_tokens is not None and used >= n_ctx - 1
-        return False
+        return seen.prompt_tokens + (seen.predicted_n or 0) >= n_ctx - 1
 
     def predicted(self, seq: int | None) -> int | None:
         """The generated tokens of prompt ``seq``'s answer, when noted."""
+        seen = self._seen_at(seq)
+        return seen.predicted_n if seen is not None else None
+
+    def _seen_at(self, seq: int | None) -> _Seen | None:
+        """The remembered prompt numbered ``seq`` (None once it left the history)."""
         for seen in reversed(self._seen):
             if seen.seq == seq:
-                return seen.predicted_n
+                return seen
         return None
 
     @property

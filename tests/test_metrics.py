@@ -331,3 +331,78 @@ async def test_a_changed_system_prompt_is_on_the_page(
     ]
     lost_tokens = sum(r.cache_lost_tokens or 0 for r in proxy.captured.records)
     assert [(s.labels["model"], s.value) for s in tokens] == [(second.model, lost_tokens)]
+
+
+def _record(i: int, **fields: Any) -> Record:
+    """A completed tool record of model gemma on Chat Completions with ``fields``."""
+    base: dict[str, Any] = {"ts": "t", "method": "POST", "path": "/v1/chat/completions"}
+    return Record(
+        id=f"x{i}",
+        model="gemma",
+        kind=Kind.TOOL,
+        api="chat_completions",
+        status=200,
+        **base,
+        **fields,
+    )
+
+
+def _page(metrics: Metrics, board: dict[str, float] | None = None) -> dict[str, Any]:
+    return _families(metrics.render(None, board).decode())
+
+
+class TestSpeculationImagesBoard:
+    """Issue 13's families: draft acceptance, image tokens and prefill, energy, board gauges."""
+
+    def test_acceptance_histogram_counts_only_drafting_requests(self) -> None:
+        """timing_proxy_draft_acceptance_ratio observes draft_acceptance of the requests that
+        drafted (55/60 lands in the 0.95 bucket, not 0.9); the others add no observation."""
+        metrics = Metrics()
+        metrics.observe(_record(0, draft_acceptance=55 / 60))
+        metrics.observe(_record(1, draft_acceptance=0.5))
+        metrics.observe(_record(2))
+        samples = _page(metrics)["timing_proxy_draft_acceptance_ratio"].samples
+        by = {(s.name, s.labels.get("le")): s.value for s in samples}
+        assert by[("timing_proxy_draft_acceptance_ratio_count", None)] == 2
+        assert by[("timing_proxy_draft_acceptance_ratio_bucket", "0.9")] == 1
+        assert by[("timing_proxy_draft_acceptance_ratio_bucket", "0.95")] == 2
+        assert by[("timing_proxy_draft_acceptance_ratio_sum", None)] == pytest.approx(55 / 60 + 0.5)
+
+    def test_image_tokens_and_prefill_seconds(self) -> None:
+        """Image tokens are a histogram per (model, kind, api); the image prefill sums per
+        model in seconds, a cached image adding 0."""
+        metrics = Metrics()
+        metrics.observe(_record(0, image_tokens=259, image_prefill_ms=1200.0))
+        metrics.observe(_record(1, image_tokens=259, image_prefill_ms=0.0))
+        fams = _page(metrics)
+        tokens = {s.name: s.value for s in fams["timing_proxy_image_tokens"].samples}
+        assert tokens["timing_proxy_image_tokens_count"] == 2
+        assert tokens["timing_proxy_image_tokens_sum"] == 518
+        paid = [s for s in fams["timing_proxy_image_prefill_seconds"].samples]
+        assert [(s.labels["model"], s.value) for s in paid if s.name.endswith("_total")] == [
+            ("gemma", pytest.approx(1.2))
+        ]
+
+    def test_energy_and_upstream_cpu_sum_in_base_units(self) -> None:
+        """energy_mj sums as joules and upstream_cpu_ms as seconds; unknown adds nothing."""
+        metrics = Metrics()
+        metrics.observe(_record(0, energy_mj=2500.0, upstream_cpu_ms=300.0))
+        metrics.observe(_record(1, energy_mj=500.0, upstream_cpu_ms=100.0))
+        metrics.observe(_record(2))
+        fams = _page(metrics)
+        joules = [s.value for s in fams["timing_proxy_energy_joules"].samples]
+        assert joules == [pytest.approx(3.0)]
+        cpu = [s.value for s in fams["timing_proxy_request_upstream_cpu_seconds"].samples]
+        assert cpu == [pytest.approx(0.4)]
+        count = {s.name: s.value for s in fams["timing_proxy_request_energy_joules"].samples}
+        assert count["timing_proxy_request_energy_joules_count"] == 2
+
+    def test_board_gauges_take_the_latest_sample(self) -> None:
+        """The board gauges show what the telemetry last reported; keys it does not know
+        are ignored, a missing key leaves the gauge as it was."""
+        metrics = Metrics()
+        _page(metrics, {"power_w": 7.5, "gpu_busy_pct": 99.0, "bogus": 1.0})
+        fams = _page(metrics, {"power_w": 5.25})
+        assert fams["timing_proxy_board_power_watts"].samples[0].value == 5.25
+        assert fams["timing_proxy_board_gpu_busy_percent"].samples[0].value == 99.0
+        assert "bogus" not in fams

@@ -42,6 +42,10 @@ RECORD_FIELDS = [
     *("diverged_cost_ms", "prefill_cause", "prefill_lost_ms", "cache_lost_cause", "cache_lost_ms"),
     *("conversation", "turn"),
     *("diverged_text", "attribution_error"),
+    *("images", "image_tokens", "image_tokens_each", "images_cached", "image_prefill_ms"),
+    *("draft_n", "draft_n_accepted", "draft_acceptance"),
+    *("energy_mj", "energy_mj_per_token", "power_w_avg", "gpu_busy_pct", "ram_used_mb"),
+    *("temp_max_c", "upstream_cpu_ms", "telemetry_error"),
     *("decode_gbs", "roof_ratio"),
     *("finish_reason", "events", "token_events", "request_bytes", "response_bytes"),
 ]
@@ -63,7 +67,11 @@ DERIVED_KEYS = {
     "cache_hit_ratio",
     "overhead_ms",
     "prefill_share",
+    "draft_n",
+    "draft_n_accepted",
+    "draft_acceptance",
 }
+DRAFT_KEYS = {"draft_n", "draft_n_accepted", "draft_acceptance"}
 
 
 class TestMs:
@@ -173,6 +181,21 @@ class TestDerive:
         d = derive(ServerTimings(prompt_ms=796.0, predicted_ms=1265.0), None)
         assert d["prefill_share"] == pytest.approx(796 / 2061, abs=1e-6)
 
+    def test_draft_acceptance(self) -> None:
+        """draft_acceptance is draft_n_accepted / draft_n, from llama-server's final timings."""
+        t = ServerTimings.from_json({"predicted_n": 61, "draft_n": 60, "draft_n_accepted": 55})
+        d = derive(t, None)
+        assert (d["draft_n"], d["draft_n_accepted"]) == (60, 55)
+        assert d["draft_acceptance"] == pytest.approx(55 / 60, abs=1e-6)
+
+    def test_no_draft_no_acceptance(self) -> None:
+        """Without speculation (no draft_n in timings) the draft fields are None; with
+        draft_n 0 the acceptance is None too, not a division by zero."""
+        assert derive(REAL, None)["draft_acceptance"] is None
+        zero = derive(ServerTimings(draft_n=0, draft_n_accepted=0), None)
+        assert zero["draft_n"] == 0
+        assert zero["draft_acceptance"] is None
+
     def test_passthrough_fields(self) -> None:
         """prefill_ms/decode_ms are prompt_ms/predicted_ms; counts pass through unchanged."""
         d = derive(REAL, None)
@@ -241,9 +264,10 @@ class TestDerive:
     def test_unknown_inputs_give_none(
         self, timings: ServerTimings, ttft: float | None, none_keys: set[str]
     ) -> None:
-        """An unknown input makes exactly the values that depend on it None (never 0)."""
+        """An unknown input makes exactly the values that depend on it None (never 0); the
+        draft fields are None in all of these, since none of them drafted."""
         d = derive(timings, ttft)
-        assert {k for k, v in d.items() if v is None} == none_keys
+        assert {k for k, v in d.items() if v is None} == none_keys | DRAFT_KEYS
 
     def test_usage_only_counts(self) -> None:
         """Usage-only timings still give prompt_tokens and cache_hit_ratio."""

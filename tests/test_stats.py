@@ -88,10 +88,11 @@ class TestPercentile:
 
 class TestSummarizeKind:
     def test_count_and_fields(self) -> None:
-        """The summary has count, {p50,p90,p99} for each summary field, and the split."""
+        """The summary has count, {p50,p90,p99} for each summary field, the split and the
+        speculation split."""
         out = summarize_kind([rec(i, tool_call_ms=v) for i, v in enumerate(SEED_TOOL_TOTALS)])
         assert out["count"] == 5
-        assert set(out) == {"count", "split", *SUMMARY_FIELDS}
+        assert set(out) == {"count", "split", "speculation", *SUMMARY_FIELDS}
         for name in SUMMARY_FIELDS:
             assert set(out[name]) == {"p50", "p90", "p99"}
 
@@ -629,3 +630,48 @@ class TestUpstreamErrors:
         stats = Stats(since="s")
         stats.add(rec(0))
         assert stats.snapshot()["upstream_errors"] == {}
+
+
+class TestSpeculation:
+    def test_acceptance_and_decode_rates_with_and_without_drafts(self) -> None:
+        """A kind's summary gives p50 draft_acceptance over the speculative records only,
+        how many drafted, and the median decode rate with and without speculation apart."""
+        records = [
+            rec(0, decode_tok_s=80.0, draft_acceptance=0.9),
+            rec(1, decode_tok_s=100.0, draft_acceptance=0.5),
+            rec(2, decode_tok_s=120.0, draft_acceptance=0.7),
+            rec(3, decode_tok_s=40.0),
+            rec(4, decode_tok_s=60.0),
+        ]
+        out = summarize_kind(records)
+        assert out["draft_acceptance"]["p50"] == 0.7
+        assert out["speculation"] == {
+            "drafted": 3,
+            "decode_tok_s_p50_with": 100.0,
+            "decode_tok_s_p50_without": 50.0,
+        }
+
+    def test_no_speculation_gives_none_not_zero(self) -> None:
+        """Without drafts the acceptance is unknown and only the plain decode rate is given."""
+        out = summarize_kind([rec(0, decode_tok_s=40.0)])
+        assert out["draft_acceptance"]["p50"] is None
+        assert out["speculation"] == {
+            "drafted": 0,
+            "decode_tok_s_p50_with": None,
+            "decode_tok_s_p50_without": 40.0,
+        }
+
+    def test_stats_document_matches_summarize_kind(self) -> None:
+        """/stats computes the speculation split from its windows exactly as the report does
+        from whole records."""
+        records = [
+            rec(i, decode_tok_s=float(50 + i), draft_acceptance=(i % 3) / 3 if i % 2 else None)
+            for i in range(9)
+        ]
+        stats = Stats(since="t")
+        for r in records:
+            stats.add(r)
+        kind = stats.snapshot()["kinds"]["chat"]
+        expected = summarize_kind(records)
+        assert kind["speculation"] == expected["speculation"]
+        assert kind["draft_acceptance"] == expected["draft_acceptance"]

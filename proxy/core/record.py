@@ -58,6 +58,8 @@ class ServerTimings:
     cache_n: int | None = None
     predicted_n: int | None = None
     predicted_ms: float | None = None
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
     @classmethod
     def from_json(cls, obj: Any) -> ServerTimings | None:
@@ -81,6 +83,8 @@ class ServerTimings:
             cache_n=count("cache_n"),
             predicted_n=count("predicted_n"),
             predicted_ms=num("predicted_ms"),
+            draft_n=count("draft_n"),
+            draft_n_accepted=count("draft_n_accepted"),
         )
 
 
@@ -182,6 +186,25 @@ class Record:
     turn: int | None = None
     diverged_text: dict[str, str] | None = None
     attribution_error: str | None = None
+    # images (exact, from the counting endpoint: with the image parts minus without)
+    images: int | None = None
+    image_tokens: int | None = None
+    image_tokens_each: list[int] | None = None
+    images_cached: int | None = None
+    image_prefill_ms: float | None = None
+    # speculative decoding (llama-server's timings, only when it drafted)
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    draft_acceptance: float | None = None
+    # the board during the request (tegrastats, or the upstream's CPU time from /proc)
+    energy_mj: float | None = None
+    energy_mj_per_token: float | None = None
+    power_w_avg: float | None = None
+    gpu_busy_pct: float | None = None
+    ram_used_mb: float | None = None
+    temp_max_c: float | None = None
+    upstream_cpu_ms: float | None = None
+    telemetry_error: str | None = None
     # roofline (estimates: weights read once per decoded token)
     decode_gbs: float | None = None
     roof_ratio: float | None = None
@@ -239,4 +262,7 @@ def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, An
         "cache_hit_ratio": ratio(t.cache_n, prompt_tokens),
         "overhead_ms": _sub(ttft_ms, t.prompt_ms),
         "prefill_share": ratio(t.prompt_ms, total),
+        "draft_n": t.draft_n,
+        "draft_n_accepted": t.draft_n_accepted,
+        "draft_acceptance": ratio(t.draft_n_accepted, t.draft_n),
     }

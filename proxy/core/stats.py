@@ -27,6 +27,7 @@ __all__ = [
     "cache_ratio",
     "percentile",
     "quantiles",
+    "speculation",
     "status_name",
     "summarize",
     "summarize_cache",
@@ -41,8 +42,20 @@ SUMMARY_FIELDS: tuple[str, ...] = (
     "e2e_ms",
     "overhead_ms",
     "tool_call_ms",
+    "draft_acceptance",
+    "image_tokens",
+    "image_prefill_ms",
+    "energy_mj",
+    "energy_mj_per_token",
+    "power_w_avg",
+    "upstream_cpu_ms",
 )
-"""Record fields summarised as ``{p50, p90, p99}`` for each kind."""
+"""Record fields summarised as ``{p50, p90, p99}`` for each kind (over the records that
+know the value: ``image_tokens`` over the requests with images, ``draft_acceptance`` over
+the speculative ones, the board's over the ones the telemetry covered)."""
+
+_DRAFT = SUMMARY_FIELDS.index("draft_acceptance")
+_DECODE = SUMMARY_FIELDS.index("decode_tok_s")
 
 QUANTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
@@ -117,12 +130,36 @@ def summarize_kind(
             name: sorted(v for r in records if (v := getattr(r, name)) is not None)
             for name in fields
         },
+        speculation((r.draft_acceptance, r.decode_tok_s) for r in records),
     )
 
 
-def _summarize_columns(count: int, columns: dict[str, list[float]]) -> dict[str, Any]:
+def speculation(pairs: Iterable[tuple[float | None, float | None]]) -> dict[str, Any]:
+    """The ``speculation`` object of a kind's summary, from each record's
+    ``(draft_acceptance, decode_tok_s)``: how many drafted, and the median decode rate with
+    speculation (a draft was proposed) and without, each ``None`` where none occurred."""
+    drafted: list[float] = []
+    plain: list[float] = []
+    count = 0
+    for acceptance, rate in pairs:
+        if acceptance is not None:
+            count += 1
+        if rate is not None:
+            (drafted if acceptance is not None else plain).append(rate)
+    drafted.sort()
+    plain.sort()
+    return {
+        "drafted": count,
+        "decode_tok_s_p50_with": percentile(drafted, 0.5),
+        "decode_tok_s_p50_without": percentile(plain, 0.5),
+    }
+
+
+def _summarize_columns(
+    count: int, columns: dict[str, list[float]], spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """:func:`summarize_kind` of ``count`` records given their known values per field,
-    each column sorted."""
+    each column sorted, and their :func:`speculation`."""
     out: dict[str, Any] = {"count": count}
     for name, values in columns.items():
         out[name] = quantiles(values)
@@ -135,6 +172,8 @@ def _summarize_columns(count: int, columns: dict[str, list[float]]) -> dict[str,
         "prefill_pct": round(100.0 * pre / total, 1) if total and pre is not None else None,
         "decode_pct": round(100.0 * dec / total, 1) if total and dec is not None else None,
     }
+    if spec is not None:
+        out["speculation"] = spec
     return out
 
 
@@ -163,7 +202,9 @@ def _summary_steps(rows: Sequence[_Row]) -> Generator[None, None, dict[str, Any]
         column.sort()
         columns[name] = column
         yield
-    return _summarize_columns(len(rows), columns)
+    return _summarize_columns(
+        len(rows), columns, speculation((row[_DRAFT], row[_DECODE]) for row in rows)
+    )
 
 
 def _copy_summary(summary: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,8 @@ SECONDS = (
     600.0,
 )
 PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+RATIO = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+JOULES = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 LABELS = ("model", "kind", "api")
 CAUSES = frozenset(str(c) for c in Cause)
@@ -81,6 +83,26 @@ class _Children:
     saved: Any
     again: Any
     lost_tokens: Any
+    acceptance: Any
+    image_tokens: Any
+    image_paid: Any
+    energy: Any
+    energy_total: Any
+    upstream_cpu: Any
+
+
+BOARD_GAUGES: dict[str, tuple[str, str]] = {
+    "power_w": ("timing_proxy_board_power_watts", "Board input power (tegrastats), watts."),
+    "gpu_busy_pct": ("timing_proxy_board_gpu_busy_percent", "GPU load (tegrastats GR3D_FREQ)."),
+    "ram_used_mb": ("timing_proxy_board_ram_used_megabytes", "RAM in use (tegrastats RAM)."),
+    "temp_max_c": ("timing_proxy_board_temperature_max_celsius", "Hottest sensor (tegrastats)."),
+    "upstream_cpu_s": (
+        "timing_proxy_upstream_cpu_seconds",
+        "CPU time of the llama-server process (/proc/PID/stat utime+stime), seconds.",
+    ),
+}
+"""The board gauges a telemetry sampler reports (its ``gauges()`` keys), as Prometheus
+families: set from the latest sample when the page is rendered."""
 
 
 class Metrics:
@@ -183,6 +205,44 @@ class Metrics:
             ("model",),
             registry=r,
         )
+        self.acceptance = hist(
+            "timing_proxy_draft_acceptance_ratio",
+            "Speculative decoding: draft tokens accepted / drafted per request "
+            "(draft_acceptance; only requests that drafted).",
+            RATIO,
+        )
+        self.image_tokens = hist(
+            "timing_proxy_image_tokens",
+            "Prompt tokens the images of a request add (image_tokens).",
+            TOKENS,
+        )
+        self.image_seconds = Counter(
+            "timing_proxy_image_prefill_seconds",
+            "Prefill time of the image tokens prefilled (image_prefill_ms; cached images add 0).",
+            ("model",),
+            registry=r,
+        )
+        self.energy = hist(
+            "timing_proxy_request_energy_joules",
+            "Board input energy over the request's wall interval (energy_mj, tegrastats).",
+            JOULES,
+        )
+        self.energy_total = Counter(
+            "timing_proxy_energy_joules",
+            "Board input energy over the requests' wall intervals (overlapping requests "
+            "each count the shared interval).",
+            LABELS,
+            registry=r,
+        )
+        self.upstream_cpu = Counter(
+            "timing_proxy_request_upstream_cpu_seconds",
+            "llama-server's CPU time during the requests (upstream_cpu_ms, /proc).",
+            LABELS,
+            registry=r,
+        )
+        self.board = {
+            key: Gauge(name, doc, registry=r) for key, (name, doc) in BOARD_GAUGES.items()
+        }
         self.upstream_up = Gauge(
             "timing_proxy_upstream_metrics_up",
             "1 when llama-server's own /metrics were merged into this "
@@ -223,6 +283,12 @@ class Metrics:
                 saved=self.schema_seconds.labels(model, "saved"),
                 again=self.prefilled_again.labels(model),
                 lost_tokens=self.cache_lost_tokens.labels(model),
+                acceptance=self.acceptance.labels(model, kind, api),
+                image_tokens=self.image_tokens.labels(model, kind, api),
+                image_paid=self.image_seconds.labels(model),
+                energy=self.energy.labels(model, kind, api),
+                energy_total=self.energy_total.labels(model, kind, api),
+                upstream_cpu=self.upstream_cpu.labels(model, kind, api),
             )
         return children
 
@@ -248,6 +314,7 @@ class Metrics:
         if record.schema_prefilled_again:
             c.again.inc()
         self._observe_prefix(record, model, c)
+        _observe_extras(c, record)
 
     def _observe_prefix(self, record: Record, model: str, c: _Children) -> None:
         """The prefix attribution's counters: tokens the cache lost, and the prefill lost
@@ -266,9 +333,15 @@ class Metrics:
                 child = self._lost[key] = self.prefill_lost.labels(*key)
             child.inc(max(0.0, lost_ms or 0.0) / 1000.0)
 
-    def render(self, upstream: bytes | None) -> bytes:
-        """The exposition text: ours, then llama-server's own metrics when it answered."""
+    def render(self, upstream: bytes | None, board: dict[str, float] | None = None) -> bytes:
+        """The exposition text: ours, then llama-server's own metrics when it answered.
+        ``board`` is the telemetry's latest gauges (a key it lacks leaves its gauge as
+        it was)."""
         self.upstream_up.set(1 if upstream is not None else 0)
+        for key, value in (board or {}).items():
+            gauge = self.board.get(key)
+            if gauge is not None:
+                gauge.set(value)
         page = generate_latest(self.registry)
         if upstream:
             page += b"# llama-server's own metrics (from its /metrics):\n" + upstream
@@ -292,3 +365,18 @@ def _observe_latency(c: _Children, record: Record) -> None:
         c.overhead.observe(max(0.0, record.overhead_ms) / 1000.0)
     if record.decode_ms is not None and record.predicted_n and record.predicted_n > 1:
         c.tpot.observe(record.decode_ms / (record.predicted_n - 1) / 1000.0)
+
+
+def _observe_extras(c: _Children, record: Record) -> None:
+    """Speculation, images and the board: each only where the record knows it."""
+    if record.draft_acceptance is not None:
+        c.acceptance.observe(record.draft_acceptance)
+    if record.image_tokens is not None:
+        c.image_tokens.observe(record.image_tokens)
+    if record.image_prefill_ms is not None:
+        c.image_paid.inc(max(0.0, record.image_prefill_ms) / 1000.0)
+    if record.energy_mj is not None and record.energy_mj >= 0:
+        c.energy.observe(record.energy_mj / 1000.0)
+        c.energy_total.inc(record.energy_mj / 1000.0)
+    if record.upstream_cpu_ms is not None and record.upstream_cpu_ms >= 0:
+        c.upstream_cpu.inc(record.upstream_cpu_ms / 1000.0)

@@ -920,3 +920,61 @@ class TestWhyPrefillWasPaid:
         assert doc["findings"] == report["findings"] and doc["findings"]
         assert doc["conversations"] == report["conversations"]
         assert set(doc["conversations"]) == {"c1", "c2"}
+
+
+class TestImagesSpeculationBoard:
+    """Issue 13's lines: image tokens beside the schema's, speculation, energy per call."""
+
+    def test_images_summarised_beside_the_schema(self, tmp_path: Path) -> None:
+        """Only calls with images count: tokens per call, images cached, prefill paid."""
+        records = [
+            tool_call(
+                0, 2000.0, images=1, image_tokens=259, images_cached=0, image_prefill_ms=1300.0
+            ),
+            tool_call(1, 1500.0, images=1, image_tokens=259, images_cached=1, image_prefill_ms=0.0),
+            tool_call(2, 1400.0),
+        ]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        images = report["kinds"]["tool"]["images"]
+        assert (images["requests"], images["images"], images["cached"]) == (2, 2, 1)
+        assert images["tokens"]["p50"] == 259
+        assert images["paid_ms"] == {"total": 1300.0, "p50": 650.0}
+        text = render_text(report)
+        assert "image tokens (p50)" in text and "1 from the cache" in text
+        assert "image prefill paid" in text
+
+    def test_speculation_line(self, tmp_path: Path) -> None:
+        """The text says how many calls drafted and the decode rate with and without."""
+        records = [
+            tool_call(0, 2000.0, decode_tok_s=24.0, draft_acceptance=0.9),
+            tool_call(1, 2000.0, decode_tok_s=16.0),
+        ]
+        text = render_text(build_report(load_runs([write_log(tmp_path / "a.jsonl", records)])))
+        assert "1 drafted; decode p50 24.0 tok/s with, 16.0 without" in text
+        assert "draft acceptance" in text and "90 %" in text
+
+    def test_energy_per_call_and_beside_the_roofline(self, tmp_path: Path) -> None:
+        """Energy per call from the records' energy_mj; with a model known, the roofline's
+        tool-call traffic line is followed by the measured energy per tool call."""
+        records = [
+            tool_call(i, t, energy_mj=e, energy_mj_per_token=e / 10, power_w_avg=6.5)
+            for i, (t, e) in enumerate(
+                zip(SEED_TOOL_TOTALS, [9000.0, 8000.0, 7000.0, 6000.0, 5000.0], strict=True)
+            )
+        ]
+        runs = load_runs([write_log(tmp_path / "a.jsonl", records)])
+        report = build_report(runs, meta=SEED_META, board=ORIN)
+        board = report["kinds"]["tool"]["board"]
+        assert board["covered"] == 5 and board["energy_mj"]["p50"] == 7000.0
+        text = render_text(report)
+        assert "energy per call (p50)" in text and "7,000 mJ, 700.0 mJ per token, 6.5 W" in text
+        lines = report["roofline"]["lines"]
+        at = next(i for i, line in enumerate(lines) if "DRAM traffic" in line)
+        assert any("7 J of board input energy per tool call" in line for line in lines[at:])
+
+    def test_logs_without_the_new_fields_print_no_such_lines(self, tmp_path: Path) -> None:
+        """A log without images, drafts or telemetry prints none of the three lines."""
+        records = [tool_call(i, t) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        text = render_text(build_report(load_runs([write_log(tmp_path / "a.jsonl", records)])))
+        for absent in ("image tokens", "speculative decoding", "energy per call"):
+            assert absent not in text

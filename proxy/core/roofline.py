@@ -236,13 +236,15 @@ class Medians:
     """Measured medians of one kind that the roofline uses (``None`` = not in the logs).
 
     ``prompt_n`` is the prompt tokens evaluated (not cached); ``tool_call_tokens`` and
-    ``json_chars`` are those of the median tool call.
+    ``json_chars`` are those of the median tool call; ``energy_mj`` is the p50 board energy
+    of the kind's requests (measured by the telemetry, not an estimate).
     """
 
     decode_tok_s: float | None = None
     prompt_n: float | None = None
     tool_call_tokens: float | None = None
     json_chars: float | None = None
+    energy_mj: float | None = None
 
 
 def _r(value: float | None, digits: int = 3) -> float | None:
@@ -466,6 +468,14 @@ def _tool_lines(weights: float, tool: Medians | None) -> list[str]:
             _label(
                 "",
                 "per character of JSON: unknown (the log does not carry the arguments' length)",
+            )
+        )
+    if tool.energy_mj is not None:
+        lines.append(
+            _label(
+                "",
+                f"and {figure(tool.energy_mj / 1000.0)} J of board input energy per tool"
+                " call (p50, measured)",
             )
         )
     return lines

@@ -31,6 +31,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} %"
 
 
+def _share(value: float | None) -> str:
+    """A ratio (0..1) as a percentage."""
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
 _ROWS: tuple[tuple[str, str, _Format], ...] = (
     ("ttft_ms", "TTFT ms", _ms),
     ("prefill_ms", "prefill ms", _ms),
@@ -39,6 +44,13 @@ _ROWS: tuple[tuple[str, str, _Format], ...] = (
     ("decode_tok_s", "decode tok/s", _rate),
     ("tool_call_ms", "tool call complete ms", _ms),
     ("overhead_ms", "overhead ms", _ms),
+    ("draft_acceptance", "draft acceptance", _share),
+    ("image_tokens", "image tokens", _int),
+    ("image_prefill_ms", "image prefill ms", _ms),
+    ("energy_mj", "energy mJ", _int),
+    ("energy_mj_per_token", "energy mJ per token", _rate),
+    ("power_w_avg", "board power W", _rate),
+    ("upstream_cpu_ms", "llama-server CPU ms", _ms),
 )
 _EXTRA_ROWS: tuple[tuple[str, str, _Format], ...] = (
     ("prompt_n", "prompt tokens evaluated", _int),
@@ -135,6 +147,58 @@ def _schema_lines(schema: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _image_lines(images: Mapping[str, Any] | None) -> list[str]:
+    """Beside the schema's: the image tokens per call, and their prefill paid."""
+    if not images or not images["requests"]:
+        return []
+    lines = [
+        _labelled(
+            "image tokens (p50)",
+            f"{_int(images['tokens']['p50'])} per call with images"
+            f" ({images['requests']:,} calls, {images['images']:,} images,"
+            f" {images['cached']:,} from the cache)",
+        )
+    ]
+    paid = images["paid_ms"]
+    if paid["p50"] is not None:
+        lines.append(
+            _labelled(
+                "image prefill paid",
+                f"{_ms(paid['total'])} ms in all, p50 {_ms(paid['p50'])} ms per call",
+            )
+        )
+    return lines
+
+
+def _speculation_lines(spec: Mapping[str, Any] | None) -> list[str]:
+    """How many requests drafted, and the decode rate with and without a draft."""
+    if not spec or not spec["drafted"]:
+        return []
+    return [
+        _labelled(
+            "speculative decoding",
+            f"{spec['drafted']:,} drafted; decode p50 {_rate(spec['decode_tok_s_p50_with'])}"
+            f" tok/s with, {_rate(spec['decode_tok_s_p50_without'])} without",
+        )
+    ]
+
+
+def _board_lines(board: Mapping[str, Any] | None) -> list[str]:
+    """Energy per call from the board telemetry, when it covered any request."""
+    if not board or board["energy_mj"]["p50"] is None:
+        return []
+    per_token = board["energy_mj_per_token"]["p50"]
+    return [
+        _labelled(
+            "energy per call (p50)",
+            f"{_int(board['energy_mj']['p50'])} mJ"
+            + (f", {_rate(per_token)} mJ per token" if per_token is not None else "")
+            + f", {_rate(board['power_w_avg']['p50'])} W"
+            f" ({board['covered']:,} calls measured)",
+        )
+    ]
+
+
 def _valid_lines(valid: Mapping[str, int]) -> list[str]:
     if not valid["of"]:
         return []
@@ -181,6 +245,9 @@ def _kind_lines(kind: str, s: Mapping[str, Any]) -> list[str]:
         *_percentile_lines(s),
         *_split_lines(s["split"]),
         *_schema_lines(s["schema"]),
+        *_image_lines(s.get("images")),
+        *_speculation_lines(s.get("speculation")),
+        *_board_lines(s.get("board")),
         *_valid_lines(s["tool_calls_valid"]),
         *_cache_lines(s["cache"]),
         *_median_call_lines(s["median_call"]),

@@ -160,6 +160,32 @@ def _schema(records: Sequence[Record]) -> dict[str, Any]:
     }
 
 
+def _images(records: Sequence[Record]) -> dict[str, Any]:
+    """The requests with images: how many, their image tokens per call, how many images the
+    cache covered, and the prefill the prefilled ones cost (as ``_schema`` for the tools)."""
+    with_images = [r for r in records if r.images]
+    paid = _values(with_images, "image_prefill_ms")
+    return {
+        "requests": len(with_images),
+        "images": sum(r.images or 0 for r in with_images),
+        "cached": sum(r.images_cached or 0 for r in with_images),
+        "tokens": _q(with_images, "image_tokens"),
+        "paid_ms": {"total": round(sum(paid), 3), "p50": percentile(paid, 0.5)},
+    }
+
+
+def _board(records: Sequence[Record]) -> dict[str, Any]:
+    """What the board telemetry measured of the requests it covered: energy per call and
+    per token, mean power, llama-server's CPU time."""
+    return {
+        "covered": sum(1 for r in records if r.energy_mj is not None),
+        "energy_mj": _q(records, "energy_mj"),
+        "energy_mj_per_token": _q(records, "energy_mj_per_token"),
+        "power_w_avg": _q(records, "power_w_avg"),
+        "upstream_cpu_ms": _q(records, "upstream_cpu_ms"),
+    }
+
+
 def _valid(records: Sequence[Record], kind: str) -> dict[str, int]:
     """Valid tool calls, k of n: n = completed tool requests (no call at all is not valid)
     whose calls are known: one with neither ``tool_calls`` nor ``tool_call_valid`` (not
@@ -185,6 +211,8 @@ def _summarize(records: Sequence[Record], kind: str) -> dict[str, Any]:
     out["tool_decode_tok_s"] = _q(done, "tool_decode_tok_s")
     out["tool_calls_valid"] = _valid(done, kind)
     out["schema"] = _schema(done)
+    out["images"] = _images(done)
+    out["board"] = _board(done)
     out["cache"] = summarize_cache(done)
     out["median_call"] = median_call(median_record(done))
     return out
@@ -354,6 +382,7 @@ def _medians(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Medians]:
             prompt_n=s["prompt_n"]["p50"],
             tool_call_tokens=call.get("tool_call_tokens"),
             json_chars=call.get("tool_args_chars"),
+            energy_mj=s["board"]["energy_mj"]["p50"],
         )
     return out
 

@@ -824,3 +824,62 @@ async def test_dashboard_lists_the_top_findings(make_proxy: ProxyFactory, browse
         timeout=5000,
     )
     assert errors + errors2 == []
+
+
+async def test_dashboard_hatches_the_image_part_of_the_prefill(
+    make_proxy: ProxyFactory, browser: Browser
+) -> None:
+    """A request whose images were prefilled has an image hatch on its prefill bar, as wide
+    as image_prefill_ms is of prefill_ms and right after the schema's; a request whose
+    images came from the cache (image_prefill_ms 0) has none, and its tooltip says so."""
+    records = [r for r in _synthetic_records(30) if r.prefill_ms and r.kind is Kind.CHAT][:4]
+    assert len(records) == 4
+    paid, cached = records[-1], records[-2]
+    assert paid.prefill_ms is not None
+    images: dict[str, Any] = {"images": 1, "image_tokens": 259}
+    records[-1] = Record(
+        **{
+            **paid.to_dict(),
+            "kind": paid.kind,
+            "outcome": paid.outcome,
+            **images,
+            "images_cached": 0,
+            "image_prefill_ms": paid.prefill_ms * 0.5,
+        }
+    )
+    records[-2] = Record(
+        **{
+            **cached.to_dict(),
+            "kind": cached.kind,
+            "outcome": cached.outcome,
+            **images,
+            "images_cached": 1,
+            "image_prefill_ms": 0.0,
+        }
+    )
+    proxy = await make_proxy("http://127.0.0.1:9")
+    page = await _new_page(browser)
+    errors = _watch(page)
+    await page.route("**/stats", _serve(_stats_doc(records)))
+    await page.goto(proxy.url + "/dashboard")
+    await page.wait_for_selector(f'.row[data-id="{paid.id}"] .seg.image', timeout=5000)
+    await page.select_option("#scale", "fit")
+    share = await page.eval_on_selector(
+        f'.row[data-id="{paid.id}"]',
+        """row => {
+            const bar = row.querySelector('.seg.prefill'), img = row.querySelector('.seg.image');
+            const w = (e) => Number(e.getAttribute('width'));
+            return { share: w(img) / w(bar), width: w(bar),
+                     start: Number(img.getAttribute('x')) - Number(bar.getAttribute('x')),
+                     title: row.querySelector('svg.clock > title').textContent };
+        }""",
+    )
+    assert share["share"] == pytest.approx(0.5, abs=2.0 / share["width"] + 0.01)
+    assert share["start"] == pytest.approx(0.0, abs=1.5)  # no schema before it
+    assert "1 image: 259 tokens · 0 from the cache" in share["title"]
+    assert await page.locator(f'.row[data-id="{cached.id}"] .seg.image').count() == 0
+    title = await page.eval_on_selector(
+        f'.row[data-id="{cached.id}"] svg.clock', "svg => svg.querySelector('title').textContent"
+    )
+    assert "1 from the cache" in title
+    assert errors == []

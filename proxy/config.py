@@ -37,6 +37,7 @@ __all__ = [
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+_TELEMETRY_MODES = ("off", "auto", "tegrastats", "proc")
 
 
 class ConfigError(ValueError):
@@ -124,6 +125,11 @@ class BoardConfig:
     preset: str | None = field(default=None, metadata={"choices": tuple(BOARD_PRESETS)})
     memory_bandwidth_gbs: float = field(default=0.0, metadata={"ge": 0})  # 0 = unknown
     peak_tflops: float = field(default=0.0, metadata={"ge": 0})  # 0 = unknown
+    telemetry: str = field(default="off", metadata={"choices": _TELEMETRY_MODES})
+    telemetry_interval_ms: int = field(default=100, metadata={"ge": 10, "le": 60000})
+    tegrastats_path: str = field(default="tegrastats", metadata={"check": _nonempty})
+    upstream_pid: int = field(default=0, metadata={"ge": 0})  # 0 = find it by the port
+    telemetry_ring: int = field(default=3000, metadata={"ge": 2})
 
 
 @dataclass(frozen=True, slots=True)

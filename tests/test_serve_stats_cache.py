@@ -57,7 +57,9 @@ class TestStatsDocument:
         assert stats.builds == 1
         parsed = orjson.loads(first)
         assert parsed["requests"] == 3 and parsed["schemas"] is None
-        assert parsed == {**orjson.loads(orjson.dumps(stats.snapshot())), "schemas": None}
+        assert parsed["board"] is None  # no telemetry sampler
+        expected = {**orjson.loads(orjson.dumps(stats.snapshot())), "schemas": None, "board": None}
+        assert parsed == expected
 
     async def test_a_new_record_makes_the_next_read_build_again(self, stats: CountingStats) -> None:
         """After a record came in the document is built again and counts it."""

@@ -35,6 +35,7 @@ from proxy.serve.keys import (
     STATS,
     STATS_DOCUMENT,
     STREAM_SESSION,
+    TELEMETRY,
     RecordSink,
 )
 from proxy.serve.logs import get_logger
@@ -44,6 +45,7 @@ from proxy.serve.relay import Relay, RelaySettings
 from proxy.serve.sinks import RecordSinks
 from proxy.serve.stats_cache import StatsDocument
 from proxy.serve.tasks import spawn
+from proxy.serve.telemetry import telemetry_for
 from proxy.serve.upstream import check_upstream, upstream_session
 
 __all__ = [
@@ -133,6 +135,11 @@ def _upstream_context(
         session = app[SESSION] = upstream_session(config)
         stream_session = app[STREAM_SESSION] = upstream_session(config, pooled=False)
         accounting = app[ACCOUNTING] = await _start_accounting(config, app[SINKS], app[MODEL_INFO])
+        telemetry = app[TELEMETRY] = telemetry_for(
+            config, config.upstream.url, clock=clock, on_event=get_logger().warning
+        )
+        if telemetry is not None:
+            await telemetry.start()
         relay = app[RELAY] = Relay(
             session,
             _relay_settings(config),
@@ -140,6 +147,7 @@ def _upstream_context(
             clock=clock,
             accounting=accounting,
             stream_session=stream_session,
+            telemetry=telemetry,
         )
         app[MODEL_INFO].attach(session)
         yield
@@ -149,6 +157,8 @@ def _upstream_context(
         if accounting is not None:
             await accounting.close()
         await relay.drain()
+        if telemetry is not None:
+            await telemetry.close()
         await _cancel(app[BACKGROUND])
         await app[MODEL_INFO].close()
         await session.close()

@@ -22,6 +22,7 @@ from proxy.serve.keys import (
     SESSION,
     STATS,
     STATS_DOCUMENT,
+    TELEMETRY,
 )
 from proxy.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.serve.relay import error_response
@@ -76,7 +77,8 @@ def auth_middleware(token: str | None) -> Any:
 
 async def handle_stats(request: web.Request) -> web.Response:
     """``GET /stats``: the statistics document (see :mod:`proxy.serve.stats_cache`)."""
-    body = await request.app[STATS_DOCUMENT].body(request.app[ACCOUNTING])
+    app = request.app
+    body = await app[STATS_DOCUMENT].body(app[ACCOUNTING], app.get(TELEMETRY))
     return web.Response(body=body, content_type="application/json")
 
 
@@ -107,8 +109,10 @@ async def _upstream_metrics(app: web.Application) -> bytes | None:
 async def handle_metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: the proxy's Prometheus page, with the upstream's appended."""
     upstream = await _upstream_metrics(request.app)
+    telemetry = request.app.get(TELEMETRY)
+    board = telemetry.gauges() if telemetry is not None else None
     return web.Response(
-        body=request.app[METRICS].render(upstream),
+        body=request.app[METRICS].render(upstream, board),
         headers={"Content-Type": METRICS_CONTENT_TYPE},
     )
 

@@ -23,6 +23,7 @@ from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
 from proxy.serve.relay import Relay
 from proxy.serve.stats_cache import StatsDocument
+from proxy.serve.telemetry import Telemetry
 
 __all__ = [
     "ACCOUNTING",
@@ -37,6 +38,7 @@ __all__ = [
     "STATS",
     "STATS_DOCUMENT",
     "STREAM_SESSION",
+    "TELEMETRY",
     "RecordSink",
 ]
 
@@ -53,6 +55,8 @@ METRICS = web.AppKey("metrics", Metrics)
 MODEL_INFO = web.AppKey("model_info", ModelInfo)
 SINKS = web.AppKey("sinks", list[RecordSink])
 ACCOUNTING: web.AppKey[Accounting | None] = web.AppKey("accounting")
+TELEMETRY: web.AppKey[Telemetry | None] = web.AppKey("telemetry")
+"""The board's telemetry sampler, when ``[board] telemetry`` names one."""
 DASHBOARD = web.AppKey("dashboard", bytes)
 """The dashboard page, read from the package once."""
 BACKGROUND = web.AppKey("background", set[asyncio.Future[Any]])

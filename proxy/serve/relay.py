@@ -27,13 +27,14 @@ from yarl import URL
 
 from proxy.core.assemble import Exchange, build_record
 from proxy.core.headers import REQUEST_ID_HEADER, request_headers, response_headers
-from proxy.core.record import Outcome, Record
+from proxy.core.record import Kind, Outcome, Record
 from proxy.core.request import RequestFacts, analyse_request
 from proxy.core.timestamps import iso_utc
 from proxy.core.tracker import Observation, StreamTracker
 from proxy.serve.accounting import Accounting, Pending
 from proxy.serve.deadline import Deadlines
 from proxy.serve.tasks import spawn
+from proxy.serve.telemetry import Telemetry
 from proxy.serve.upstream import failure_cause
 
 __all__ = ["Relay", "RelaySettings", "error_response"]
@@ -104,8 +105,10 @@ class Relay:
         clock: Callable[[], float] = time.perf_counter,
         accounting: Accounting | None = None,
         stream_session: aiohttp.ClientSession | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._session = session
+        self._telemetry = telemetry
         self._stream_session = stream_session or session
         self._accounting = accounting
         self._completing: set[asyncio.Future[Any]] = set()
@@ -356,20 +359,49 @@ class Relay:
         record = build_record(exchange, flight.facts, obs)
         if flight.accounting_error is not None:
             record = dataclasses.replace(record, accounting_error=flight.accounting_error)
-        if flight.pending is None or self._accounting is None:
+        pending = flight.pending if self._accounting is not None else None
+        # the board's samples for the request's wall interval: chat and tool turns only
+        board = self._telemetry if record.kind is not Kind.OTHER else None
+        if pending is None and board is None:
             self._on_record(record, flight.facts, obs)
             return
-        _ = spawn(self._complete(self._accounting, record, flight.pending, obs), self._completing)
+        window = (flight.t0, flight.t0 + exchange.end_s)
+        _ = spawn(
+            self._complete(record, flight.facts, pending, obs, board, window), self._completing
+        )
 
     async def _complete(
-        self, accounting: Accounting, record: Record, pending: Pending, obs: Observation | None
+        self,
+        record: Record,
+        facts: RequestFacts,
+        pending: Pending | None,
+        obs: Observation | None,
+        board: Telemetry | None,
+        window: tuple[float, float],
     ) -> None:
-        """Join the accounting to the record, after the agent's response has ended."""
-        try:
-            record = await accounting.complete(record, pending, obs)
-        except Exception as exc:  # the record is still written, with the reason
-            record = dataclasses.replace(record, accounting_error=type(exc).__name__)
-        self._on_record(record, pending.facts, obs)
+        """Join the accounting and the board's telemetry to the record, after the agent's
+        response has ended (the two wait side by side)."""
+        sampled = (
+            spawn(board.fields(*window, record.predicted_n), self._completing)
+            if board is not None
+            else None
+        )
+        if pending is not None and self._accounting is not None:
+            try:
+                record = await self._accounting.complete(record, pending, obs)
+            except Exception as exc:  # the record is still written, with the reason
+                record = dataclasses.replace(record, accounting_error=type(exc).__name__)
+        if sampled is not None:
+            try:
+                record = dataclasses.replace(record, **await sampled)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                record = dataclasses.replace(record, telemetry_error="cancelled")
+            except Exception as exc:  # the record is still written, with the reason
+                record = dataclasses.replace(record, telemetry_error=type(exc).__name__)
+        self._on_record(record, facts, obs)
 
     async def drain(self, within_s: float | None = None) -> None:
         """Wait for records still being completed (at shutdown), at most ``within_s``."""

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from proxy.core.stats import Stats
 from proxy.serve.accounting import Accounting
+from proxy.serve.telemetry import Telemetry
 
 __all__ = ["StatsDocument", "in_steps"]
 
@@ -39,20 +40,32 @@ class StatsDocument:
 
     def __init__(self, stats: Stats) -> None:
         self._stats = stats
-        self._built_for: tuple[int, int] | None = None
+        self._built_for: tuple[Any, ...] | None = None
         self._body = b""
         self._building = asyncio.Lock()
 
-    def _version(self, accounting: Accounting | None) -> tuple[int, int]:
-        """Changes whenever the document would: records counted, tool schemas known."""
-        return (self._stats.requests, len(accounting.per_tool) if accounting is not None else 0)
+    def _version(
+        self, accounting: Accounting | None, board: dict[str, Any] | None
+    ) -> tuple[Any, ...]:
+        """Changes whenever the document would: records counted, tool schemas known, the
+        board sampler's state and restarts."""
+        return (
+            self._stats.requests,
+            len(accounting.per_tool) if accounting is not None else 0,
+            None if board is None else (board.get("state"), board.get("restarts")),
+        )
 
-    async def body(self, accounting: Accounting | None) -> bytes:
-        """The document, built again only if something came in since the last build."""
+    async def body(
+        self, accounting: Accounting | None, telemetry: Telemetry | None = None
+    ) -> bytes:
+        """The document, built again only if something came in since the last build.
+        ``board`` is the telemetry sampler's snapshot (``null`` without one)."""
         async with self._building:
-            if self._built_for != self._version(accounting):
-                built_for = self._version(accounting)
+            board = telemetry.snapshot() if telemetry is not None else None
+            if self._built_for != self._version(accounting, board):
+                built_for = self._version(accounting, board)
                 doc = await in_steps(self._stats.snapshot_steps())
+                doc["board"] = board
                 doc["schemas"] = accounting.snapshot() if accounting is not None else None
                 attributor = accounting.attributor if accounting is not None else None
                 if attributor is not None:

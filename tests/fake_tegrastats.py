@@ -1,0 +1,52 @@
+"""A stand-in for NVIDIA's ``tegrastats``: prints real-format Orin Nano lines (JetPack 6: the
+date-time stamp first, ``VDD_IN``/``VDD_CPU_GPU_CV``/``VDD_SOC`` in mW) every ``--interval``
+milliseconds, flushing each, at a known constant ``VDD_IN`` power.
+
+The line is a real one (an Orin Nano's, idle) with the ``VDD_IN`` current value replaced by
+``--power-mw`` and the RAM used replaced by the line's sequence number, so a test can tell how
+many lines were printed. ``--lines N`` exits with ``--exit-code`` after N lines (a dying
+sampler); ``--once-marker PATH`` exits at once with status 1 when PATH does not exist yet, and
+creates it (a sampler that fails on its first start only).
+
+Run: ``python tests/fake_tegrastats.py --interval 100 --power-mw 5000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+LINE = (
+    "{stamp} RAM {ram}/7620MB (lfb 9x4MB) SWAP 0/3810MB (cached 0MB) "
+    "CPU [1%@729,4%@729,8%@729,4%@729,5%@729,4%@729] GR3D_FREQ 37% "
+    "cpu@44.156C soc2@43.781C soc0@44.687C gpu@45.968C tj@45.968C soc1@45.312C "
+    "VDD_IN {power}mW/5263mW VDD_CPU_GPU_CV 717mW/717mW VDD_SOC 1794mW/1794mW"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--interval", type=int, default=1000, help="milliseconds")
+    parser.add_argument("--power-mw", type=int, default=5000)
+    parser.add_argument("--lines", type=int, default=0, help="exit after N lines (0: never)")
+    parser.add_argument("--exit-code", type=int, default=3)
+    parser.add_argument("--once-marker", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.once_marker is not None and not args.once_marker.exists():
+        args.once_marker.touch()
+        print("fake tegrastats: failing on the first start", flush=True)
+        return 1
+    start = time.monotonic()
+    n = 0
+    while not args.lines or n < args.lines:
+        n += 1
+        stamp = time.strftime("%m-%d-%Y %H:%M:%S")
+        print(LINE.format(stamp=stamp, ram=n, power=args.power_mw), flush=True)
+        time.sleep(max(0.0, start + n * args.interval / 1000.0 - time.monotonic()))
+    return int(args.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -399,10 +399,14 @@ class TestSpeculationImagesBoard:
 
     def test_board_gauges_take_the_latest_sample(self) -> None:
         """The board gauges show what the telemetry last reported; keys it does not know
-        are ignored, a missing key leaves the gauge as it was."""
+        are ignored, and a gauge it no longer reports (or none, without a sampler) is not on
+        the page: no 0 W that reads as a measurement."""
         metrics = Metrics()
-        _page(metrics, {"power_w": 7.5, "gpu_busy_pct": 99.0, "bogus": 1.0})
+        assert "timing_proxy_board_power_watts" not in _page(metrics)
+        fams = _page(metrics, {"power_w": 7.5, "gpu_busy_pct": 99.0, "bogus": 1.0})
+        assert fams["timing_proxy_board_power_watts"].samples[0].value == 7.5
+        assert fams["timing_proxy_board_gpu_busy_percent"].samples[0].value == 99.0
+        assert not [name for name in fams if "bogus" in name]
         fams = _page(metrics, {"power_w": 5.25})
         assert fams["timing_proxy_board_power_watts"].samples[0].value == 5.25
-        assert fams["timing_proxy_board_gpu_busy_percent"].samples[0].value == 99.0
-        assert "bogus" not in fams
+        assert "timing_proxy_board_gpu_busy_percent" not in fams

@@ -14,6 +14,7 @@ is too low for edge boards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from proxy.core.findings import Cause
 from proxy.core.record import Outcome, Record
@@ -240,9 +243,8 @@ class Metrics:
             LABELS,
             registry=r,
         )
-        self.board = {
-            key: Gauge(name, doc, registry=r) for key, (name, doc) in BOARD_GAUGES.items()
-        }
+        self.board = _BoardGauges()
+        r.register(self.board)
         self.upstream_up = Gauge(
             "timing_proxy_upstream_metrics_up",
             "1 when llama-server's own /metrics were merged into this "
@@ -335,13 +337,11 @@ class Metrics:
 
     def render(self, upstream: bytes | None, board: dict[str, float] | None = None) -> bytes:
         """The exposition text: ours, then llama-server's own metrics when it answered.
-        ``board`` is the telemetry's latest gauges (a key it lacks leaves its gauge as
-        it was)."""
+        ``board`` is the telemetry's latest gauges: a gauge it lacks (no sampler, a sampler
+        that is down, a figure the board does not report) is not on the page at all, rather
+        than a 0 that reads as a measurement."""
         self.upstream_up.set(1 if upstream is not None else 0)
-        for key, value in (board or {}).items():
-            gauge = self.board.get(key)
-            if gauge is not None:
-                gauge.set(value)
+        self.board.latest = {k: v for k, v in (board or {}).items() if k in BOARD_GAUGES}
         page = generate_latest(self.registry)
         if upstream:
             page += b"# llama-server's own metrics (from its /metrics):\n" + upstream
@@ -365,6 +365,21 @@ def _observe_latency(c: _Children, record: Record) -> None:
         c.overhead.observe(max(0.0, record.overhead_ms) / 1000.0)
     if record.decode_ms is not None and record.predicted_n and record.predicted_n > 1:
         c.tpot.observe(record.decode_ms / (record.predicted_n - 1) / 1000.0)
+
+
+class _BoardGauges(Collector):
+    """The board gauges of :data:`BOARD_GAUGES` whose value the telemetry last reported."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for key, value in self.latest.items():
+            name, doc = BOARD_GAUGES[key]
+            yield GaugeMetricFamily(name, doc, value=value)
+
+    def describe(self) -> list[Metric]:
+        return []
 
 
 def _observe_extras(c: _Children, record: Record) -> None:

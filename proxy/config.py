@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,21 +24,41 @@ from proxy.core.boards import BOARD_PRESETS
 __all__ = [
     "BOARD_PRESETS",
     "AccountingConfig",
+    "AdminConfig",
+    "AnnotateConfig",
     "BoardConfig",
     "ClientConfig",
     "Config",
     "ConfigError",
+    "FleetConfig",
     "LogConfig",
+    "OtelConfig",
     "ServerConfig",
     "StatsConfig",
     "UpstreamConfig",
     "load_config",
+    "parse_labels",
     "parse_listen",
 ]
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _TELEMETRY_MODES = ("off", "auto", "tegrastats", "proc")
+_ANNOTATE_MODES = ("off", "sse-comment")
+
+
+def _check_listen(value: str) -> str:
+    parse_listen(value)  # raises ConfigError, which names the value
+    return value
+
+
+def _check_optional_url(value: str) -> str:
+    return _check_url(value) if value else value
+
+
+def _check_labels(value: str) -> str:
+    parse_labels(value)
+    return value
 
 
 class ConfigError(ValueError):
@@ -133,6 +154,40 @@ class BoardConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The listener of the proxy's own pages (``/stats``, ``/metrics``, ``/dashboard``)."""
+
+    listen: str = field(default="127.0.0.1:8082", metadata={"check": _check_listen})
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotateConfig:
+    """In-band timing for the agent: off by default (the stream stays byte-identical)."""
+
+    mode: str = field(default="off", metadata={"choices": _ANNOTATE_MODES})
+    header: str = field(default="X-Timing-Proxy-Annotate", metadata={"check": _nonempty})
+    server_timing_max_bytes: int = field(default=1024 * 1024, metadata={"ge": 0})
+
+
+@dataclass(frozen=True, slots=True)
+class OtelConfig:
+    """OpenTelemetry traces (OTLP/HTTP); "" = off unless OTEL_EXPORTER_OTLP_* is set."""
+
+    endpoint: str = field(default="", metadata={"check": _check_optional_url})
+    service_name: str = field(default="timing-proxy", metadata={"check": _nonempty})
+    max_queue_size: int = field(default=2048, metadata={"ge": 1})
+    export_timeout_s: float = field(default=5.0, metadata={"gt": 0})
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Constant labels naming this proxy among many (``robot=arm-3,site=lab``): on every
+    metric and as resource attributes of the spans."""
+
+    labels: str = field(default="", metadata={"check": _check_labels})
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -142,6 +197,10 @@ class Config:
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     board: BoardConfig = field(default_factory=BoardConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
 
 
 _KINDS: dict[object, str] = {bool: "true or false", int: "an integer", float: "a number"}
@@ -255,6 +314,43 @@ def load_config(
             peak_tflops=board.peak_tflops or tflops,
         )
     return dataclasses.replace(config, board=board)
+
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_RESERVED_LABELS = frozenset(
+    {
+        "model",
+        "kind",
+        "api",
+        "outcome",
+        "status",
+        "cached",
+        "state",
+        "cause",
+        "le",
+        "quantile",
+        "job",
+        "instance",
+    }
+)
+
+
+def parse_labels(value: str) -> dict[str, str]:
+    """``name=value,name=value`` as a dict; raise ConfigError for a name Prometheus does not
+    take, one the proxy's metrics already use, a repeated name or an empty value."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, label = (x.strip() for x in item.partition("="))
+        if not sep or not label:
+            raise ConfigError(f"label {item!r}: expected name=value")
+        if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ConfigError(f"label {name!r}: not a Prometheus label name")
+        if name in _RESERVED_LABELS:
+            raise ConfigError(f"label {name!r}: the proxy's metrics use that name already")
+        if name in out:
+            raise ConfigError(f"label {name!r}: given twice")
+        out[name] = label
+    return out
 
 
 def parse_listen(value: str) -> tuple[str, int]:

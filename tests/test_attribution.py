@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.core.request import analyse_request
+from proxy.serve.attribution import Attributor, ImagesInPrompt
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import make_timings
 from tests.test_accounting import (
@@ -215,3 +217,31 @@ async def test_conversation_id_in_a_header(toy: ToyLlama, make_proxy: ProxyFacto
     await resp.read()
     record = await wait_record(proxy)
     assert (record.conversation, record.turn) == ("arm-7", 1)
+
+
+async def test_a_prompt_with_images_is_not_attributed_and_says_why() -> None:
+    """/tokenize reads an image's media marker as text, so the prompt positions after an
+    image are not the server's: such a prompt is not attributed (no look-up is made) and
+    the failure names ImagesInPrompt, which the record carries as attribution_error."""
+
+    async def post(path: str, body: dict[str, Any]) -> Any:
+        raise AssertionError(f"no look-up expected, got {path}")
+
+    attributor = Attributor(post)
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            }
+        ],
+        "max_tokens": 4,
+    }
+    facts = analyse_request("POST", "/v1/chat/completions", orjson.dumps(body))
+    task = attributor.begin(facts)
+    assert task is not None
+    with pytest.raises(ImagesInPrompt):
+        await task

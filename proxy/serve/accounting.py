@@ -1,5 +1,10 @@
-"""Schema and tool-call accounting: the served model's own token counts, looked up beside
-the relay and cached, then joined to the record when the exchange ends.
+"""Schema, image and tool-call accounting: the served model's own token counts, looked up
+beside the relay and cached, then joined to the record when the exchange ends.
+
+Images (``docs/images.md``): the request counted with its image parts, without them, and
+without each in turn; where each image's block sits, from the request rendered with
+llama-server's media marker (``/props``) and its text pieces tokenized; each image's own
+block from a turn holding only that image (cached by the image's content).
 
 Look-ups use the request's own API's counting endpoint (``/v1/chat/completions/input_tokens``,
 ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``), ``/apply-template`` and
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +32,14 @@ import aiohttp
 import orjson
 
 from proxy.core.dialects import CHAT_COMPLETIONS, Dialect
+from proxy.core.dialects.base import ImagePart
+from proxy.core.images import (
+    canonical_body,
+    image_cost,
+    image_spans,
+    split_on_marker,
+    without_images,
+)
 from proxy.core.prefix import RenderedPrompt
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
@@ -45,13 +59,19 @@ from proxy.serve.attribution import Attributor
 from proxy.serve.tasks import spawn
 from proxy.serve.upstream import auth_headers
 
-__all__ = ["Accounting", "Pending", "SchemaInfo", "estimate_tokens"]
+__all__ = ["Accounting", "ImageInfo", "Pending", "SchemaInfo", "estimate_tokens"]
 
 
 _T = TypeVar("_T")
 
 REFERENCE_MIN_TOKENS = 64
 """Prefills shorter than this are not used as the reference rate for saved ms."""
+
+MAX_IMAGES_EACH = 8
+"""Above this many images in one request, ``image_tokens_each`` is not counted (one more
+count of the whole request per image)."""
+
+_LAYOUT_ERRORS = (KeyError, ValueError, TypeError, aiohttp.ClientError, TimeoutError)
 
 
 class _Unsupported(Exception):
@@ -81,6 +101,19 @@ class SchemaInfo:
     layout: SchemaLayout | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """What the images of one request add to its prompt, and where they sit."""
+
+    tokens: int
+    """The request's input tokens less those of the same request without its images."""
+    each: list[int] | None
+    """Per image: the request's input tokens less those without that image."""
+    spans: list[tuple[int, int]] | None
+    """Each image's block as prompt positions ``[start, end)``; None: unknown, see ``why``."""
+    why: str | None = None
+
+
 @dataclass(slots=True)
 class Pending:
     """Accounting started for one request."""
@@ -90,6 +123,8 @@ class Pending:
     prompt: asyncio.Task[RenderedPrompt] | None = None
     conversation: str | None = None
     """The conversation id the agent sent in the configured header."""
+    images: asyncio.Task[ImageInfo] | None = None
+    image_count: int = 0
 
 
 @dataclass(slots=True)
@@ -134,6 +169,10 @@ class Accounting:
         self.prefilled_again = 0
         self.reference_ms_per_token: float | None = None
         self._conversation_header = conversation_header
+        self._blocks: OrderedDict[str, asyncio.Task[int]] = OrderedDict()
+        self._marker: asyncio.Task[str] | None = None
+        self._shell: dict[str, asyncio.Task[int]] = {}
+        self._bos: int | None = None
         self.attributor = (
             Attributor(
                 self._post,
@@ -171,6 +210,14 @@ class Accounting:
         async with self._session.post(
             self._base + path, data=orjson.dumps(body), headers=self._headers
         ) as resp:
+            if resp.status in (404, 405, 501):
+                raise _Unsupported(f"{path}: {resp.status}")
+            resp.raise_for_status()
+            return orjson.loads(await resp.read())
+
+    async def _get(self, path: str) -> Any:
+        assert self._session is not None
+        async with self._session.get(self._base + path, headers=self._headers) as resp:
             if resp.status in (404, 405, 501):
                 raise _Unsupported(f"{path}: {resp.status}")
             resp.raise_for_status()
@@ -278,16 +325,27 @@ class Accounting:
         the request's, for the conversation id an agent may send."""
         if facts.body is None or self._session is None:
             return None
-        schema = self._begin_schema(facts)
+        parts = _image_parts(facts)
+        schema = self._begin_schema(facts, parts)
         prompt = self.attributor.begin(facts) if self.attributor is not None else None
-        if schema is None and prompt is None:
+        images = self._begin_images(facts, parts)
+        if schema is None and prompt is None and images is None:
             return None
         conversation = None
         if headers is not None and self._conversation_header:
             conversation = headers.get(self._conversation_header) or None
-        return Pending(facts=facts, schema=schema, prompt=prompt, conversation=conversation)
+        return Pending(
+            facts=facts,
+            schema=schema,
+            prompt=prompt,
+            conversation=conversation,
+            images=images,
+            image_count=len(parts),
+        )
 
-    def _begin_schema(self, facts: RequestFacts) -> asyncio.Task[SchemaInfo] | None:
+    def _begin_schema(
+        self, facts: RequestFacts, parts: list[ImagePart]
+    ) -> asyncio.Task[SchemaInfo] | None:
         body = facts.body
         dialect = facts.dialect
         if facts.kind is not Kind.TOOL or body is None:
@@ -300,6 +358,8 @@ class Accounting:
         if task is not None and not (task.done() and (task.cancelled() or task.exception())):
             self._cache.move_to_end(key)
         else:
+            # the images do not change what the tools cost: counted without them (cheaper)
+            body = without_images(body, parts) if parts else body
             task = spawn(self._schema(dialect, body, tools), self._background)
             self._cache[key] = task
             task.add_done_callback(lambda t: self._learn_per_tool(t, dialect, body, tools))
@@ -329,6 +389,135 @@ class Accounting:
 
         _ = spawn(run(), self._background)
 
+    # -- images -------------------------------------------------------------------------------
+
+    def _begin_images(
+        self, facts: RequestFacts, parts: list[ImagePart]
+    ) -> asyncio.Task[ImageInfo] | None:
+        """Start the image look-ups of a chat or tool request with image parts."""
+        dialect = facts.dialect
+        if not parts or facts.body is None or dialect.count_path is None:
+            return None
+        return spawn(self._images(dialect, for_counting(facts.body), parts), self._background)
+
+    async def _images(
+        self, dialect: Dialect, counted: dict[str, Any], parts: list[ImagePart]
+    ) -> ImageInfo:
+        """The request counted with its images, without them, and without each in turn
+        (several images); then where each image's block sits in the prompt."""
+        assert dialect.count_path is not None
+        path = dialect.count_path
+        n = len(parts)
+        each_bodies = (
+            [without_images(counted, parts, keep=[j for j in range(n) if j != i]) for i in range(n)]
+            if 1 < n <= MAX_IMAGES_EACH
+            else []
+        )
+        full, bare, *others = await asyncio.gather(
+            self._count(path, counted),
+            self._count(path, without_images(counted, parts)),
+            *(self._count(path, b) for b in each_bodies),
+        )
+        tokens = full - bare
+        each = [tokens] if n == 1 else [full - o for o in others] or None
+        try:
+            spans, why = await self._image_spans(dialect, counted, parts, full)
+        except _Unsupported:
+            spans, why = None, "unsupported"
+        except _LAYOUT_ERRORS as exc:
+            spans, why = None, type(exc).__name__
+        return ImageInfo(tokens, each, spans, why)
+
+    async def _image_spans(
+        self, dialect: Dialect, counted: dict[str, Any], parts: list[ImagePart], full: int
+    ) -> tuple[list[tuple[int, int]] | None, str | None]:
+        """Each image's block in prompt positions: the request rendered in its Chat Completions
+        form (trusted when it counts as the request does), cut at the media marker, each
+        piece tokenized as ``mtmd`` tokenizes it; the blocks are what is left of the count
+        (one image), or each image's own count in a turn of its own (several)."""
+        chat = counted if dialect is CHAT_COMPLETIONS else _chat_body(dialect, counted)
+        if chat is None:
+            return None, "no chat form"
+        chat_path = CHAT_COMPLETIONS.count_path
+        assert chat_path is not None
+        checks = () if chat is counted else (self._count(chat_path, chat),)
+        marker, bos, rendered, *check = await asyncio.gather(
+            self._media_marker(), self._bos_tokens(), self._post("/apply-template", chat), *checks
+        )
+        if check and check[0] != full:
+            return None, "chat form counts otherwise"
+        pieces = split_on_marker(str(rendered["prompt"]), marker)
+        if len(pieces) != len(parts) + 1:
+            self._marker = None  # llama-server may have restarted with another marker
+            return None, "media markers do not match the images"
+        text = await asyncio.gather(*(self._tokens(p, False) for p in pieces))
+        rest = full - bos - sum(text)
+        blocks = [rest] if len(parts) == 1 else await self._image_blocks(parts, marker, bos)
+        if sum(blocks) != rest:
+            return None, "image blocks do not add up"
+        spans = image_spans(bos, text, blocks)
+        return spans, None if spans is not None else "image blocks do not add up"
+
+    async def _image_blocks(self, parts: list[ImagePart], marker: str, bos: int) -> list[int]:
+        """Each image's block size, from a turn holding only that image (cached by the image's
+        content)."""
+        keys = await asyncio.to_thread(lambda: [_url_digest(p.url) for p in parts])
+        tasks: list[asyncio.Task[int]] = []
+        for key, part in zip(keys, parts, strict=True):
+            task = self._blocks.get(key)
+            if task is None or (task.done() and (task.cancelled() or task.exception())):
+                task = spawn(self._image_block(part.url, marker, bos), self._background)
+                self._blocks[key] = task
+                while len(self._blocks) > self._max:
+                    self._blocks.popitem(last=False)
+            else:
+                self._blocks.move_to_end(key)
+            tasks.append(task)
+        return list(await asyncio.gather(*(asyncio.shield(t) for t in tasks)))
+
+    async def _image_block(self, url: str, marker: str, bos: int) -> int:
+        chat_path = CHAT_COMPLETIONS.count_path
+        assert chat_path is not None
+        body = canonical_body(url)
+        count, shell = await asyncio.gather(
+            self._count(chat_path, body), self._shell_tokens(body, marker, bos)
+        )
+        return count - shell
+
+    def _shell_tokens(self, body: dict[str, Any], marker: str, bos: int) -> asyncio.Task[int]:
+        """The tokens of a one-image turn's text (the same for every image), once per marker."""
+        task = self._shell.get(marker)
+        if task is None or (task.done() and (task.cancelled() or task.exception())):
+
+            async def shell() -> int:
+                rendered = await self._post("/apply-template", body)
+                pieces = split_on_marker(str(rendered["prompt"]), marker)
+                if len(pieces) != 2:
+                    raise ValueError("one media marker expected")
+                return bos + sum(await asyncio.gather(*(self._tokens(p, False) for p in pieces)))
+
+            task = self._shell[marker] = spawn(shell(), self._background)
+        return task
+
+    async def _media_marker(self) -> str:
+        """llama-server's media marker (``/props``): random per start unless pinned."""
+        if self._marker is None or (
+            self._marker.done() and (self._marker.cancelled() or self._marker.exception())
+        ):
+
+            async def marker() -> str:
+                return str((await self._get("/props"))["media_marker"])
+
+            self._marker = spawn(marker(), self._background)
+        return await asyncio.shield(self._marker)
+
+    async def _bos_tokens(self) -> int:
+        """Tokens the tokenizer adds before a prompt (BOS)."""
+        if self._bos is None:
+            got = await self._post("/tokenize", {"content": "", "add_special": True})
+            self._bos = len(got["tokens"])
+        return self._bos
+
     async def _args_tokens(self, obs: Observation) -> tuple[int, str]:
         texts = [c.arguments for c in obs.tool_calls]
         try:
@@ -351,7 +540,7 @@ class Accounting:
             self.reference_ms_per_token = record.prefill_ms / record.prompt_n
 
     async def complete(self, record: Record, pending: Pending, obs: Observation | None) -> Record:
-        """The record with the schema, prefix and tool-call fields filled in (``null`` +
+        """The record with the schema, prefix, image and tool-call fields filled in (``null`` +
         reason on failure). Waits at most the look-up timeout; the agent's response is
         already done."""
         fields: dict[str, Any] = {}
@@ -374,6 +563,11 @@ class Accounting:
                 )
             else:
                 fields["attribution_error"] = error
+        if pending.images is not None:
+            image_fields, error = await self._join_images(record, pending.images)
+            fields.update(images=pending.image_count, **image_fields)
+            if error is not None:
+                errors.append(f"images: {error}")
         if obs is not None and obs.tool_calls:
             try:
                 tokens, source = await asyncio.wait_for(self._args_tokens(obs), self._timeout)
@@ -383,6 +577,26 @@ class Accounting:
         if errors:
             fields["accounting_error"] = "; ".join(errors)
         return dataclasses.replace(record, **fields)
+
+    async def _join_images(
+        self, record: Record, task: asyncio.Task[ImageInfo]
+    ) -> tuple[dict[str, Any], str | None]:
+        """The image fields of ``record``, and why some are ``null`` (None: none are)."""
+        # the counts, then the rendering, then the per-image counts: three rounds
+        info, error = await _joined(task, 3 * self._timeout)
+        if info is None:
+            return {}, error
+        cost = image_cost(
+            info.spans, info.tokens, record.cache_n, record.prompt_n, record.prefill_ms
+        )
+        fields = {
+            "image_tokens": info.tokens,
+            "image_tokens_each": info.each,
+            "images_cached": cost.cached,
+            "image_prefill_ms": cost.prefill_ms,
+        }
+        unknown = cost.cached is None and record.cache_n is not None
+        return fields, f"position unknown ({info.why})" if unknown else None
 
     def _price(self, record: Record, info: SchemaInfo) -> dict[str, Any]:
         totals = self.schemas.get(info.hash)
@@ -471,3 +685,20 @@ def _tool_name(tool: Any, index: int) -> str:
     fn = tool.get("function")
     name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
     return name if isinstance(name, str) else f"#{index}"
+
+
+def _image_parts(facts: RequestFacts) -> list[ImagePart]:
+    """The image parts of a chat or tool request (none for other requests)."""
+    finder = facts.dialect.image_parts
+    if facts.body is None or finder is None or facts.kind not in (Kind.CHAT, Kind.TOOL):
+        return []
+    return finder(facts.body)
+
+
+def _chat_body(dialect: Dialect, counted: dict[str, Any]) -> dict[str, Any] | None:
+    """The request in the Chat Completions form llama-server converts it to."""
+    return None if dialect.chat_form is None else for_counting(dialect.chat_form(counted))
+
+
+def _url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()

@@ -68,6 +68,11 @@ def _priced(tokens: int | None, ms_per_token: float | None) -> float | None:
     return round(tokens * ms_per_token, 3) if tokens and ms_per_token else None
 
 
+class ImagesInPrompt(Exception):
+    """The prompt has image parts: its token positions are not modelled (the record's
+    ``attribution_error`` names this class)."""
+
+
 class Attributor:
     """Renders prompts, keeps the recent ones, and attributes each record's prefill."""
 
@@ -118,6 +123,10 @@ class Attributor:
         return task
 
     async def _render(self, chat: dict[str, Any]) -> RenderedPrompt:
+        if CHAT_COMPLETIONS.image_parts is not None and CHAT_COMPLETIONS.image_parts(chat):
+            # /tokenize reads the media marker as text, not as the image's block of tokens:
+            # every position after it would be wrong, so such a prompt is not attributed
+            raise ImagesInPrompt
         async with self._slots:
             if self._offset is None:
                 bos = await self._post("/tokenize", {"content": "", "add_special": True})

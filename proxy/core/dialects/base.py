@@ -12,8 +12,10 @@ from proxy.core.record import ServerTimings
 __all__ = [
     "PLACEHOLDER_TURN",
     "Dialect",
+    "ImagePart",
     "StreamReader",
     "ToolDelta",
+    "chat_image_part",
     "never",
     "stateless",
     "top_level_error",
@@ -30,6 +32,24 @@ ToolDelta = tuple[int, str | None, str | None]
 StreamReader = Callable[[dict[str, Any]], "list[ToolDelta] | None"]
 """Reads the tool-call fragments of one response's events, in order: for each event, the
 fragments it carries, or None when it is no tool-call event."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """One image in a request body: where it sits, and the image as llama-server loads it."""
+
+    path: tuple[str | int, ...]
+    """Keys and indices from the body down to the part; the last is its index in a list."""
+    url: str
+    """The ``image_url.url`` of the Chat Completions part llama-server converts it to."""
+    text_type: str
+    """The type of a text part in that list (``text``, ``input_text``): an empty one takes
+    the place of the last image removed from a list, which would otherwise be empty."""
+
+
+def chat_image_part(url: str) -> dict[str, Any]:
+    """The Chat Completions ``image_url`` content part of ``url``."""
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def stateless(reader: StreamReader) -> Callable[[], StreamReader]:
@@ -107,3 +127,6 @@ class Dialect:
     """A :attr:`system_turn` as the Chat Completions body llama-server converts it to before
     its template runs: ``/apply-template``, which finds where the tools block sits, takes
     only that form."""
+    image_parts: Callable[[dict[str, Any]], list[ImagePart]] | None = None
+    """The image parts of a request body, in the order its rendered prompt holds them (None:
+    the API carries no images the proxy accounts for)."""

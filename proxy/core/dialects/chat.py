@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.core.dialects.base import PLACEHOLDER_TURN, Dialect, ToolDelta, stateless
+from proxy.core.dialects.base import PLACEHOLDER_TURN, Dialect, ImagePart, ToolDelta, stateless
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["CHAT_COMPLETIONS"]
@@ -123,6 +123,27 @@ def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "messages": [*leading, PLACEHOLDER_TURN]}
 
 
+def _image_url(part: Any) -> str | None:
+    """The URL of a Chat Completions ``image_url`` content part (None: not one)."""
+    if not (isinstance(part, dict) and part.get("type") == "image_url"):
+        return None
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    return url if isinstance(url, str) else None
+
+
+def _image_parts(body: dict[str, Any]) -> list[ImagePart]:
+    """``image_url`` parts of every message's ``content`` list, in order."""
+    messages = body.get("messages")
+    out: list[ImagePart] = []
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if (url := _image_url(part)) is not None:
+                out.append(ImagePart(("messages", i, "content", j), url, "text"))
+    return out
+
+
 CHAT_COMPLETIONS = Dialect(
     name="chat_completions",
     handles=_is_chat,
@@ -139,4 +160,5 @@ CHAT_COMPLETIONS = Dialect(
     count_path="/v1/chat/completions/input_tokens",
     system_turn=_system_turn,
     chat_form=lambda turn: turn,
+    image_parts=_image_parts,
 )

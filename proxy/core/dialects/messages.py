@@ -35,7 +35,9 @@ import orjson
 from proxy.core.dialects.base import (
     PLACEHOLDER_TURN,
     Dialect,
+    ImagePart,
     ToolDelta,
+    chat_image_part,
     stateless,
     top_level_error,
 )
@@ -212,6 +214,64 @@ def _block_text(content: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _image_url(block: Any) -> str | None:
+    """An ``image`` block's source as the URL llama-server makes of it: a ``base64`` source as
+    a data URL (``image/jpeg`` when no media type is given), a ``url`` source as it is;
+    None for any other block."""
+    if not (isinstance(block, dict) and block.get("type") == "image"):
+        return None
+    source = block.get("source")
+    if not isinstance(source, dict):
+        return None
+    if source.get("type") == "base64":
+        media_type = source.get("media_type")
+        media_type = media_type if isinstance(media_type, str) else "image/jpeg"
+        data = source.get("data")
+        return f"data:{media_type};base64,{data if isinstance(data, str) else ''}"
+    url = source.get("url")
+    return url if source.get("type") == "url" and isinstance(url, str) else None
+
+
+def _chat_part(block: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``text`` block as a chat ``text`` part, an ``image`` block as an ``image_url`` part."""
+    if block.get("type") == "text":
+        return {"type": "text", "text": block.get("text")}
+    url = _image_url(block)
+    return chat_image_part(url) if url is not None else None
+
+
+def _result_content(content: Any) -> Any:
+    """A ``tool_result``'s content as llama-server passes it on: text alone as one string,
+    text and images as chat parts."""
+    if not isinstance(content, list) or not any(_image_url(b) is not None for b in content):
+        return _block_text(content)
+    return [part for b in content if isinstance(b, dict) and (part := _chat_part(b)) is not None]
+
+
+def _image_parts(body: dict[str, Any]) -> list[ImagePart]:
+    """``image`` blocks of each message, in the order llama-server converts them: those of
+    its ``tool_result`` blocks first (each becomes a tool message before the rest), then its
+    own."""
+    messages = body.get("messages")
+    out: list[ImagePart] = []
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        own: list[ImagePart] = []
+        for j, block in enumerate(content):
+            if (url := _image_url(block)) is not None:
+                own.append(ImagePart(("messages", i, "content", j), url, "text"))
+            elif isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                for k, part in enumerate(inner if isinstance(inner, list) else ()):
+                    if (url := _image_url(part)) is not None:
+                        path = ("messages", i, "content", j, "content", k)
+                        out.append(ImagePart(path, url, "text"))
+        out += own
+    return out
+
+
 def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
     """A ``tool_use`` block as a chat tool call (arguments: the compact JSON of ``input``)."""
     arguments = json.dumps(block.get("input", {}), separators=(",", ":"))
@@ -223,7 +283,7 @@ def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """One message as chat messages: text blocks as text parts, ``thinking`` as
+    """One message as chat messages: text and image blocks as chat parts, ``thinking`` as
     ``reasoning_content``, ``tool_use`` as tool calls, each ``tool_result`` a tool message
     of its own, before the rest."""
     content = message.get("content")
@@ -235,12 +295,12 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
         {
             "role": "tool",
             "tool_call_id": b.get("tool_use_id"),
-            "content": _block_text(b.get("content")),
+            "content": _result_content(b.get("content")),
         }
         for b in blocks
         if b.get("type") == "tool_result"
     ]
-    texts = [{"type": "text", "text": b.get("text")} for b in blocks if b.get("type") == "text"]
+    texts = [part for b in blocks if (part := _chat_part(b)) is not None]
     calls = [_tool_call(b) for b in blocks if b.get("type") == "tool_use"]
     reasoning = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
     if texts or calls or reasoning or not out:
@@ -309,4 +369,5 @@ MESSAGES = Dialect(
     count_path="/v1/messages/count_tokens",
     system_turn=_system_turn,
     chat_form=_chat_form,
+    image_parts=_image_parts,
 )

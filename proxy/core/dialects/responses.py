@@ -37,7 +37,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.core.dialects.base import PLACEHOLDER_TURN, Dialect, StreamReader, ToolDelta
+from proxy.core.dialects.base import (
+    PLACEHOLDER_TURN,
+    Dialect,
+    ImagePart,
+    StreamReader,
+    ToolDelta,
+    chat_image_part,
+)
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["RESPONSES", "new_call_reader"]
@@ -242,14 +249,55 @@ def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_content(content: Any) -> Any:
-    """``input_text``/``output_text`` parts as chat ``text`` parts; a string as it is."""
+    """``input_text``/``output_text`` parts as chat ``text`` parts, ``input_image`` parts as
+    ``image_url`` parts, in order; a string as it is."""
     if not isinstance(content, list):
         return content
-    return [
-        {"type": "text", "text": part.get("text")}
-        for part in content
-        if isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
-    ]
+    out: list[dict[str, Any]] = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") in ("input_text", "output_text"):
+            out.append({"type": "text", "text": part.get("text")})
+        elif (url := _image_url(part)) is not None:
+            out.append(chat_image_part(url))
+    return out
+
+
+def _image_url(part: Any) -> str | None:
+    """The ``image_url`` of an ``input_image`` part (None: not one)."""
+    if not (isinstance(part, dict) and part.get("type") == "input_image"):
+        return None
+    url = part.get("image_url")
+    return url if isinstance(url, str) else None
+
+
+def _image_lists(items: list[Any]) -> list[tuple[int, str]]:
+    """The input items' part lists that can hold images: (item index, key)."""
+    out: list[tuple[int, str]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message" and item.get("role") in ("user", "system", "developer"):
+            out.append((i, "content"))
+        elif kind == "function_call_output":
+            out.append((i, "output"))
+    return out
+
+
+def _image_parts(body: dict[str, Any]) -> list[ImagePart]:
+    """``input_image`` parts of the input messages and of function call outputs, in order."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    out: list[ImagePart] = []
+    for i, key in _image_lists(items):
+        parts = items[i].get(key)
+        for j, part in enumerate(parts if isinstance(parts, list) else ()):
+            if (url := _image_url(part)) is not None:
+                out.append(ImagePart(("input", i, key, j), url, "input_text"))
+    return out
 
 
 def _chat_messages(items: list[Any]) -> list[dict[str, Any]]:
@@ -276,8 +324,13 @@ def _chat_messages(items: list[Any]) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": ""})
             messages[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
+            output = item.get("output")
             messages.append(
-                {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": _chat_content(output) if isinstance(output, list) else output,
+                }
             )
     return messages
 
@@ -337,5 +390,6 @@ RESPONSES = Dialect(
     count_path="/v1/responses/input_tokens",
     system_turn=_system_turn,
     chat_form=_chat_form,
+    image_parts=_image_parts,
 )
 """The Responses API; each response's calls are read by a :func:`new_call_reader` of its own."""

@@ -3,14 +3,18 @@ failure to reach it said in words (``connection refused (ClientConnectorError)``
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import socket
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from proxy.config import Config
+from proxy.core.bodyless import StrayTerminator
 
 __all__ = ["auth_headers", "check_upstream", "failure_cause", "own_headers", "upstream_session"]
 
@@ -18,14 +22,44 @@ CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
 
 
+class _Handler(ResponseHandler):
+    """aiohttp's protocol of one upstream connection, with :class:`StrayTerminator` in front
+    of its response parser: a 204 that says ``chunked`` and sends ``0\r\n\r\n`` (llama-server's
+    ``/cors-proxy``) reaches the agent as the 204 it is, instead of a parse error."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._stray = StrayTerminator()
+
+    def set_response_params(self, **kwargs: Any) -> None:
+        self._stray.reset()  # a request was sent: a new response head follows
+        super().set_response_params(**kwargs)
+
+    def data_received(self, data: bytes) -> None:
+        # before set_response_params the bytes wait in aiohttp's tail and come back here
+        if self._parser is not None:
+            data = self._stray.feed(data)
+        super().data_received(data)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """A TCP connector whose connections use :class:`_Handler`. aiohttp builds a connection's
+    protocol with the connector's ``_factory``; there is no public hook for it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        handler = functools.partial(_Handler, loop=self._loop)
+        self._factory = cast("functools.partial[ResponseHandler]", handler)
+
+
 def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSession:
     """A session for the upstream: no total deadline; pooled connections are closed before
     llama-server's 5 s idle close; ``pooled=False`` closes each connection after use."""
     up = config.upstream
     connector = (
-        aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
+        _Connector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
         if pooled
-        else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
+        else _Connector(limit=up.max_connections, force_close=True)
     )
     return aiohttp.ClientSession(
         connector=connector,

@@ -228,6 +228,7 @@ def _proxy(upstream: str, folder: Path) -> Iterator[tuple[str, Path]]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"),
+            *("--admin-listen", "127.0.0.1:0"),
             *("--upstream", upstream, "--log-file", str(log)),
         ],
         cwd=CHECKOUT,
@@ -237,7 +238,7 @@ def _proxy(upstream: str, folder: Path) -> Iterator[tuple[str, Path]]:
     try:
         for _ in range(200):
             try:
-                urllib.request.urlopen(base + "/stats", timeout=1).close()
+                urllib.request.urlopen(base + "/health", timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.05)

@@ -142,7 +142,8 @@ def _proxy(upstream: str, folder: Path, config: str = "") -> Iterator[tuple[str,
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "proxy", "serve", "--config", str(toml)),
-            *("--listen", f"127.0.0.1:{port}", "--upstream", upstream, "--log-file", str(log)),
+            *("--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0"),
+            *("--upstream", upstream, "--log-file", str(log)),
         ],
         cwd=CHECKOUT,
         stdout=subprocess.DEVNULL,

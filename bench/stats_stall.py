@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.config import load_config
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.stats import SUMMARY_FIELDS
-from proxy.serve.app import STATS, build_app
+from proxy.serve.app import STATS, build_admin_app, build_app
 
 
 def record(i: int, rng: random.Random) -> Record:
@@ -63,7 +63,10 @@ async def main(window: int, reads: int) -> None:
     for _ in range(2 * window):
         stats.add(record(n, rng))
         n += 1
-    async with TestClient(TestServer(app)) as client:
+    async with (
+        TestClient(TestServer(app)),
+        TestClient(TestServer(build_admin_app(app))) as client,
+    ):
         stepwise: list[float] = []
         whole: list[float] = []
         for _ in range(reads):

@@ -94,7 +94,6 @@ class ServerConfig:
     port: int = field(default=8081, metadata={"ge": 0, "le": 65535})
     max_body_bytes: int = field(default=32 * 1024 * 1024, metadata={"ge": 1})
     shutdown_drain_s: float = field(default=30.0, metadata={"ge": 0})
-    auth_token: str | None = None  # None ("" in TOML) = no auth
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +157,7 @@ class AdminConfig:
     """The listener of the proxy's own pages (``/stats``, ``/metrics``, ``/dashboard``)."""
 
     listen: str = field(default="127.0.0.1:8082", metadata={"check": _check_listen})
+    auth_token: str | None = None  # None ("" in TOML) = no auth
 
 
 @dataclass(frozen=True, slots=True)

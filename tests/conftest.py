@@ -25,7 +25,7 @@ from proxy.config import Config, load_config
 from proxy.core.record import Record
 from proxy.core.request import RequestFacts
 from proxy.core.tracker import Observation
-from proxy.serve.app import SINKS, build_app
+from proxy.serve.app import SINKS, build_admin_app, build_app
 from tests.fakes import FakeUpstream
 from tests.llama import llama_artifacts, llama_server  # noqa: F401
 
@@ -50,16 +50,22 @@ class Captured:
 
 @dataclass
 class ProxyUnderTest:
-    """A running proxy in front of ``upstream_url``, its test client and captured records."""
+    """A running proxy in front of ``upstream_url``: the agent's test client, the admin
+    listener's (``/stats``, ``/metrics``, ``/dashboard``) and the captured records."""
 
     client: TestClient[web.Request, web.Application]
     app: web.Application
     captured: Captured
     config: Config
+    admin: TestClient[web.Request, web.Application]
 
     @property
     def url(self) -> str:
         return str(self.client.make_url("")).rstrip("/")
+
+    @property
+    def admin_url(self) -> str:
+        return str(self.admin.make_url("")).rstrip("/")
 
 
 ProxyFactory = Callable[..., Awaitable[ProxyUnderTest]]
@@ -83,7 +89,8 @@ def make_proxy(aiohttp_client: Any) -> ProxyFactory:
     async def start(upstream_url: str, **sections: dict[str, object]) -> ProxyUnderTest:
         app, captured, config = proxy_app(upstream_url, **sections)
         client = await aiohttp_client(app)
-        return ProxyUnderTest(client=client, app=app, captured=captured, config=config)
+        admin = await aiohttp_client(build_admin_app(app))
+        return ProxyUnderTest(client=client, app=app, captured=captured, config=config, admin=admin)
 
     return start
 
@@ -127,11 +134,17 @@ def refusing_url() -> Iterator[str]:
 
 @dataclass
 class ProxyProcess:
-    """The proxy started as a user would, and its log file."""
+    """The proxy started as a user would: the agent's URL, the admin listener's, the log."""
 
     url: str
     log_file: Path
     proc: subprocess.Popen[bytes]
+    admin_url: str = ""
+
+    @property
+    def metrics_url(self) -> str:
+        """The proxy's Prometheus page: the one place tests take its URL from."""
+        return self.admin_url + "/metrics"
 
     def events(self) -> list[dict[str, Any]]:
         """The log's events so far. A line the proxy is still writing is left for the next
@@ -160,34 +173,39 @@ class ProxyProcess:
 
 
 @contextmanager
-def proxy_in_front_of(upstream: str, folder: Path) -> Iterator[ProxyProcess]:
-    """``python -m proxy serve`` in front of ``upstream``, as a user starts it, its records in
+def proxy_in_front_of(
+    upstream: str, folder: Path, config: Path | None = None
+) -> Iterator[ProxyProcess]:
+    """``python -m proxy serve`` in front of ``upstream``, as a user starts it (with
+    ``--config config`` when given: the flags below win over it), its records in
     ``folder / "requests.jsonl"``; stopped on exit."""
     folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     log_file = folder / "requests.jsonl"
     with (folder / "stderr.txt").open("wb") as stderr:
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"),
+                *("--admin-listen", f"127.0.0.1:{admin_port}"),
                 *("--upstream", upstream, "--log-file", str(log_file)),
+                *(("--config", str(config)) if config is not None else ()),
             ],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             env={**os.environ},
         )
-        url = f"http://127.0.0.1:{port}"
+        url, admin_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
         try:
             deadline = time.monotonic() + 20
             while True:
                 try:
-                    with urllib.request.urlopen(url + "/stats", timeout=1):
+                    with urllib.request.urlopen(admin_url + "/stats", timeout=1):
                         break
                 except OSError:
                     assert proc.poll() is None, (folder / "stderr.txt").read_text()
                     assert time.monotonic() < deadline, "proxy did not start"
                     time.sleep(0.05)
-            yield ProxyProcess(url=url, log_file=log_file, proc=proc)
+            yield ProxyProcess(url=url, log_file=log_file, proc=proc, admin_url=admin_url)
         finally:
             proc.terminate()
             proc.wait(timeout=10)

@@ -417,7 +417,7 @@ async def settle(toy: ToyLlama, quiet: float = 0.1, within: float = 5.0) -> None
 
 async def schemas(proxy: ProxyUnderTest) -> Any:
     """The ``/stats`` ``schemas`` section."""
-    resp = await proxy.client.get("/stats")
+    resp = await proxy.admin.get("/stats")
     assert resp.status == 200
     return orjson.loads(await resp.read())["schemas"]
 

@@ -100,7 +100,7 @@ class TestAttribution:
         assert second.diverged_cost_ms == pytest.approx((total - at) * 2.0)
         assert second.prefill_cause == "system_prompt_changed"
         assert (second.conversation, second.turn) == (first.conversation, 2)
-        stats = orjson.loads(await (await proxy.client.get("/stats")).read())
+        stats = orjson.loads(await (await proxy.admin.get("/stats")).read())
         top = stats["cache"]["findings"][0]
         assert (top["cause"], top["section"], top["requests"]) == (
             "system_prompt_changed",

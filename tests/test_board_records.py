@@ -69,8 +69,8 @@ async def _wait_for_samples(proxy: ProxyUnderTest) -> None:
     """Until the sampler has its first lines (its child process takes a moment to start)."""
     deadline = time.monotonic() + 20
     while True:
-        doc = orjson.loads(await (await proxy.client.get("/stats")).read())
-        await (await proxy.client.get("/metrics")).read()
+        doc = orjson.loads(await (await proxy.admin.get("/stats")).read())
+        await (await proxy.admin.get("/metrics")).read()
         board = doc.get("board") or {}
         if board.get("state") == "running" and board.get("samples", 0) >= 2:
             return
@@ -116,10 +116,10 @@ async def test_stats_and_metrics_show_the_board(
     await _wait_for_samples(proxy)
     await _chat(proxy)
     await _records(proxy, 1)
-    doc = orjson.loads(await (await proxy.client.get("/stats")).read())
+    doc = orjson.loads(await (await proxy.admin.get("/stats")).read())
     assert doc["board"]["mode"] == "tegrastats" and doc["board"]["state"] == "running"
     assert doc["kinds"]["chat"]["energy_mj"]["p50"] == proxy.captured.last.energy_mj
-    page = (await (await proxy.client.get("/metrics")).read()).decode()
+    page = (await (await proxy.admin.get("/metrics")).read()).decode()
     fams = {f.name: f for f in text_string_to_metric_families(page)}
     assert fams["timing_proxy_board_power_watts"].samples[0].value == POWER_MW / 1000.0
     joules = [s.value for s in fams["timing_proxy_energy_joules"].samples]

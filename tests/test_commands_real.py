@@ -38,7 +38,12 @@ class TestBench:
         """Two runs of a chat and a tool prompt give two logs of proxy records; report
         summarises both kinds and both runs."""
         files = run_bench(
-            proxy_process.url, prompts=_small_set(), runs=2, out_dir=str(tmp_path), progress=None
+            proxy_process.url,
+            admin=proxy_process.admin_url,
+            prompts=_small_set(),
+            runs=2,
+            out_dir=str(tmp_path),
+            progress=None,
         )
         assert len(files) == 2
         lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
@@ -84,6 +89,8 @@ class TestDemo:
                 "--runs",
                 "1",
                 "--port",
+                "0",
+                "--admin-port",
                 "0",
                 "--llama-port",
                 "0",

@@ -49,7 +49,7 @@ class TestDefaults:
         assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8081)
         assert cfg.server.max_body_bytes == 32 * 1024 * 1024
         assert cfg.server.shutdown_drain_s == 30.0
-        assert cfg.server.auth_token is None
+        assert cfg.admin.auth_token is None
         assert cfg.upstream == UpstreamConfig(
             url="http://127.0.0.1:8080",
             connect_timeout_s=5.0,
@@ -214,8 +214,8 @@ class TestTypes:
 
     def test_optional_strings(self, tmp_path: Path) -> None:
         """Optional strings are None when empty and kept as given otherwise."""
-        cfg = load_text(tmp_path, '[server]\nauth_token = "s3cret"\n[log]\nfile = ""\n')
-        assert cfg.server.auth_token == "s3cret" and cfg.log.file is None
+        cfg = load_text(tmp_path, '[admin]\nauth_token = "s3cret"\n[log]\nfile = ""\n')
+        assert cfg.admin.auth_token == "s3cret" and cfg.log.file is None
 
 
 class TestUpstreamUrl:

@@ -27,7 +27,7 @@ from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from proxy.core.findings import Cause, Finding
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.stats import Stats
-from proxy.serve.app import STATS
+from proxy.serve.app import STATS, build_admin_app
 from tests.conftest import ProxyFactory, ProxyUnderTest, proxy_app
 from tests.fakes import FakeUpstream, load_recording, replay
 from tests.terminal import terminal_log
@@ -109,10 +109,13 @@ async def _served_proxy(
     the class-scoped fixtures that share one browser and one proxy between tests)."""
     app, captured, config = proxy_app(upstream_url, **sections)
     client: TestClient[Any, Any] = TestClient(TestServer(app))
+    admin: TestClient[Any, Any] = TestClient(TestServer(build_admin_app(app)))
     await client.start_server()
+    await admin.start_server()
     try:
-        yield ProxyUnderTest(client=client, app=app, captured=captured, config=config)
+        yield ProxyUnderTest(client=client, app=app, captured=captured, config=config, admin=admin)
     finally:
+        await admin.close()
         await client.close()
 
 
@@ -135,7 +138,7 @@ class Shown:
         """A new page on the dashboard, once the newest record's row is on it; its errors."""
         page = await _new_page(self.browser)
         errors = _watch(page)
-        resp = await page.goto(self.proxy.url + "/dashboard")
+        resp = await page.goto(self.proxy.admin_url + "/dashboard")
         assert resp is not None and resp.status == 200
         newest = list(self.ids.values())[-1]
         await page.wait_for_selector(f'.row[data-id="{newest}"]', timeout=10_000)
@@ -335,7 +338,7 @@ async def test_dashboard_updates_live_and_pauses(
 
     page = await _new_page(browser)
     errors = _watch(page)
-    await page.goto(proxy.url + "/dashboard")
+    await page.goto(proxy.admin_url + "/dashboard")
     await page.wait_for_selector(f'.row[data-id="{first}"]', timeout=5000)
     await page.evaluate("window.__sameDocument = true")
     assert await _count(page, "tool") == "0"
@@ -625,7 +628,7 @@ async def test_dashboard_schema_table(make_proxy: ProxyFactory, browser: Browser
     page = await _new_page(browser)
     errors = _watch(page)
     await page.route("**/stats", _serve(_stats_doc(records, schemas)))
-    await page.goto(proxy.url + "/dashboard")
+    await page.goto(proxy.admin_url + "/dashboard")
     await page.wait_for_selector('#schemabody tr[data-hash="6a98445ed550"]', timeout=5000)
     again = page.locator('#schemabody tr[data-hash="6a98445ed550"]')
     assert await again.evaluate("r => r.classList.contains('again')")
@@ -654,7 +657,7 @@ async def test_dashboard_asks_for_the_token(make_proxy: ProxyFactory, browser: B
     page = await _new_page(browser)
     errors = _watch(page)
     await page.route("**/stats", _serve(body, authorised))
-    await page.goto(proxy.url + "/dashboard")
+    await page.goto(proxy.admin_url + "/dashboard")
     await page.wait_for_selector("#auth:not([hidden])", timeout=5000)
     assert await page.locator(ROW).count() == 0
     await page.fill("#tokeninput", "s3cret")
@@ -667,7 +670,7 @@ async def test_dashboard_asks_for_the_token(make_proxy: ProxyFactory, browser: B
     page2 = await _new_page(browser)
     errors2 = _watch(page2)
     await page2.route("**/stats", _serve(body, authorised))
-    await page2.goto(proxy.url + "/dashboard?token=s3cret")
+    await page2.goto(proxy.admin_url + "/dashboard?token=s3cret")
     await page2.wait_for_selector(f'.row[data-id="{records[-1].id}"]', timeout=5000)
     assert await page2.is_hidden("#auth")
     # the browser console logs the 401 response itself; the page adds no error of its own
@@ -767,7 +770,7 @@ async def test_dashboard_marks_where_the_prompt_diverged(
     page = await _new_page(browser)
     errors = _watch(page)
     await page.route("**/stats", _serve(_stats_doc(records)))
-    await page.goto(proxy.url + "/dashboard")
+    await page.goto(proxy.admin_url + "/dashboard")
     await page.wait_for_selector(f'.row[data-id="{records[-1].id}"]', timeout=5000)
     await page.select_option("#scale", "fit")  # every prefill bar wide enough to measure
     diverged = [r for r in records if r.diverged_at is not None]
@@ -800,7 +803,7 @@ async def test_dashboard_lists_the_top_findings(make_proxy: ProxyFactory, browse
     page = await _new_page(browser)
     errors = _watch(page)
     await page.route("**/stats", _serve(orjson.dumps(stats)))
-    await page.goto(proxy.url + "/dashboard")
+    await page.goto(proxy.admin_url + "/dashboard")
     await page.wait_for_selector("#findingsbody tr[data-cause]", timeout=5000)
     rows = await page.eval_on_selector_all(
         "#findingsbody tr[data-cause]",
@@ -818,7 +821,7 @@ async def test_dashboard_lists_the_top_findings(make_proxy: ProxyFactory, browse
     page2 = await _new_page(browser)
     errors2 = _watch(page2)
     await page2.route("**/stats", _serve(_stats_doc(records)))
-    await page2.goto(proxy.url + "/dashboard")
+    await page2.goto(proxy.admin_url + "/dashboard")
     await page2.wait_for_function(
         "() => document.querySelector('#findingsbody').textContent.includes('attribution is off')",
         timeout=5000,
@@ -861,7 +864,7 @@ async def test_dashboard_hatches_the_image_part_of_the_prefill(
     page = await _new_page(browser)
     errors = _watch(page)
     await page.route("**/stats", _serve(_stats_doc(records)))
-    await page.goto(proxy.url + "/dashboard")
+    await page.goto(proxy.admin_url + "/dashboard")
     await page.wait_for_selector(f'.row[data-id="{paid.id}"] .seg.image', timeout=5000)
     await page.select_option("#scale", "fit")
     share = await page.eval_on_selector(

@@ -623,8 +623,8 @@ class TestGracefulShutdown:
         config_file = tmp_path / "config.toml"
         config_file.write_text("[server]\nshutdown_drain_s = 1.0\n")
         log_file = tmp_path / "requests.jsonl"
-        port = free_port(HOST)
-        url = f"http://{HOST}:{port}"
+        port, admin_port = free_port(HOST), free_port(HOST)
+        url, admin = f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}"
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -634,6 +634,8 @@ class TestGracefulShutdown:
             str(config_file),
             "--listen",
             f"{HOST}:{port}",
+            "--admin-listen",
+            f"{HOST}:{admin_port}",
             "--upstream",
             _url(server),
             "--log-file",
@@ -648,7 +650,7 @@ class TestGracefulShutdown:
                 deadline = time.monotonic() + 20
                 while True:
                     try:
-                        async with client.get(url + "/stats") as ready:
+                        async with client.get(admin + "/stats") as ready:
                             assert ready.status == 200
                             break
                     except aiohttp.ClientConnectorError:

@@ -216,6 +216,8 @@ class Stack:
     port: int
     log_file: Path
     stderr_file: Path
+    admin_url: str = ""
+    """The admin listener: /stats."""
 
     def rss_mb(self) -> float:
         return rss_mb(self.proxy.pid)
@@ -268,10 +270,11 @@ def _start_proxy(
     log_file: Path,
     stderr_file: Path,
     env: dict[str, str],
-) -> tuple[subprocess.Popen[bytes], int]:
-    """``python -m proxy serve`` on a free port, as in production; retried if the port is taken."""
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``python -m proxy serve`` on free ports (the agent's and the admin listener's), as in
+    production; retried if a port is taken."""
     for attempt in range(3):  # the free port may be taken between the probe and the bind
-        port = free_port()
+        port, admin_port = free_port(), free_port()
         with stderr_file.open("wb") as err:
             proxy = subprocess.Popen(
                 [
@@ -283,6 +286,8 @@ def _start_proxy(
                     str(config),
                     "--listen",
                     f"127.0.0.1:{port}",
+                    "--admin-listen",
+                    f"127.0.0.1:{admin_port}",
                     "--upstream",
                     upstream_url,
                     "--log-file",
@@ -296,13 +301,16 @@ def _start_proxy(
         procs.append(proxy)
         try:
             _wait_for(
-                functools.partial(_answers, f"http://127.0.0.1:{port}"), 30.0, "proxy start", proxy
+                functools.partial(_answers, f"http://127.0.0.1:{admin_port}"),
+                30.0,
+                "proxy start",
+                proxy,
             )
         except RuntimeError:
             if attempt == 2:
                 raise
             continue
-        return proxy, port
+        return proxy, port, admin_port
     raise AssertionError("unreachable")
 
 
@@ -331,11 +339,14 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         )
         log_file = tmp_path / "proxy.jsonl"
         stderr_file = tmp_path / "proxy.stderr"
-        proxy, port = _start_proxy(procs, config, upstream_url, log_file, stderr_file, env)
+        proxy, port, admin_port = _start_proxy(
+            procs, config, upstream_url, log_file, stderr_file, env
+        )
         yield Stack(
             proxy=proxy,
             upstream=upstream,
             url=f"http://127.0.0.1:{port}",
+            admin_url=f"http://127.0.0.1:{admin_port}",
             port=port,
             log_file=log_file,
             stderr_file=stderr_file,
@@ -548,7 +559,7 @@ def _check_records(stack: Stack, sent: int, log: Callable[[str], None]) -> None:
     """Every request sent is in the log and in /stats, each completed with status 200."""
     events = _wait_recorded(stack, sent)
     outcomes = Counter((r["outcome"], r["status"], r["analysis_error"]) for r in stack.records())
-    status, body = get_stats(stack.url)
+    status, body = get_stats(stack.admin_url)
     assert status == 200
     stats = orjson.loads(body)
     others = {k: v for k, v in events.items() if k not in EXPECTED_EVENTS}
@@ -639,7 +650,7 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
             return True
         return elapsed >= STREAM_SECONDS and len(_settled(samples)) >= SETTLED_SAMPLES
 
-    with StatsPoller(stack.url) as poller:
+    with StatsPoller(stack.admin_url) as poller:
         sampler = asyncio.ensure_future(sample_rss())  # noqa: TID251 (held, cancelled below)
         try:
             async with asyncio.timeout(STREAM_SECONDS + STREAM_EXTRA_S + 120):
@@ -665,7 +676,7 @@ async def test_concurrent_streams(stack: Stack, request: pytest.FixtureRequest) 
     assert not tally.errors, tally.first_errors
     assert tally.ok == tally.sent > STREAMS
     _check_records(stack, sent, log)
-    idle = _idle_stats_latency(stack.url, sent)
+    idle = _idle_stats_latency(stack.admin_url, sent)
     log(
         f"streams: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
         f"{1000 * idle[-1]:.1f} ms"
@@ -703,7 +714,7 @@ async def test_soak(stack: Stack, request: pytest.FixtureRequest) -> None:
             next_sample[0] += step
             samples.append((time.monotonic() - t0, warm.sent + n, stack.rss_mb()))
 
-    with StatsPoller(stack.url, interval=1.0) as poller:
+    with StatsPoller(stack.admin_url, interval=1.0) as poller:
         async with asyncio.timeout(1800 if FULL else 300):
             tally = await _drive(
                 stack.url, SOAK_CONCURRENCY, make, total=SOAK_REQUESTS, on_progress=progress
@@ -727,7 +738,7 @@ async def test_soak(stack: Stack, request: pytest.FixtureRequest) -> None:
     assert not tally.errors, tally.first_errors
     assert tally.ok == tally.sent == SOAK_REQUESTS
     _check_records(stack, sent, log)
-    idle = _idle_stats_latency(stack.url, sent)
+    idle = _idle_stats_latency(stack.admin_url, sent)
     log(
         f"soak: /stats after the load p50 {1000 * idle[len(idle) // 2]:.1f} ms, max "
         f"{1000 * idle[-1]:.1f} ms"

@@ -193,7 +193,7 @@ class Lab:
 
     def findings(self) -> list[dict[str, Any]]:
         """``/stats`` ``cache.findings``, ranked."""
-        with urllib.request.urlopen(self.proxy.url + "/stats", timeout=30) as response:
+        with urllib.request.urlopen(self.proxy.admin_url + "/stats", timeout=30) as response:
             findings: list[dict[str, Any]] = json.loads(response.read())["cache"]["findings"]
         return findings
 

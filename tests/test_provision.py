@@ -697,7 +697,9 @@ def test_serve_on_a_port_in_use_is_one_line(tmp_path: Path) -> None:
         holder.listen()
         port = holder.getsockname()[1]
         done = _run_cli(
-            "serve", "--listen", f"127.0.0.1:{port}", "--upstream", "http://127.0.0.1:9"
+            "serve",
+            *("--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0"),
+            *("--upstream", "http://127.0.0.1:9"),
         )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.splitlines() == [done.stderr.strip()]

@@ -274,7 +274,7 @@ class TestThroughTheProxy:
             proxy_process.record(result.request_id, within=15)
         pages = [proxy_process.log_file.read_text()]
         for path in ("/stats", "/metrics"):
-            with urllib.request.urlopen(proxy_process.url + path, timeout=10) as resp:
+            with urllib.request.urlopen(proxy_process.admin_url + path, timeout=10) as resp:
                 pages.append(resp.read().decode())
         assert chat.request_id in pages[0] and tool.request_id in pages[0]
         assert '"kinds"' in pages[1] and "gen_ai_server_time_to_first_token" in pages[2]
@@ -546,7 +546,7 @@ class TestSchemaAccounting:
         assert first["schema_prefilled_again"] is False
         assert again["cache_n"] == 0 and again["schema_prefilled_again"] is True
         assert again["schema_prefill_ms"] > 0
-        with urllib.request.urlopen(proxy_process.url + "/stats", timeout=5) as resp:
+        with urllib.request.urlopen(proxy_process.admin_url + "/stats", timeout=5) as resp:
             stats = json.loads(resp.read())
         schema = stats["schemas"]["by_hash"][again["schema_hash"]]
         assert schema["prefilled_again"] >= 1 and schema["calls"] >= 2
@@ -598,7 +598,7 @@ class TestMetricsReal:
         assert proxy_process.record(result.request_id)["ttft_ms"] is not None
         deadline = time.monotonic() + 10  # a record and its histogram sample land together
         while True:
-            with urllib.request.urlopen(proxy_process.url + "/metrics", timeout=10) as resp:
+            with urllib.request.urlopen(proxy_process.admin_url + "/metrics", timeout=10) as resp:
                 text = resp.read().decode()
             families = {f.name: f for f in text_string_to_metric_families(text)}
             counted = sum(

@@ -390,7 +390,7 @@ class TestObservation:
         resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
         await resp.read()
         await _wait_record(proxy)
-        stats = await (await proxy.client.get("/stats")).json()
+        stats = await (await proxy.admin.get("/stats")).json()
         assert stats["requests"] == 1
         assert stats["kinds"]["chat"]["count"] == 1
         assert stats["kinds"]["chat"]["ttft_ms"]["p50"] == proxy.captured.last.ttft_ms
@@ -424,7 +424,7 @@ class TestObservation:
             return steps()
 
         monkeypatch.setattr(stats, "snapshot_steps", counted)
-        resps = await asyncio.gather(*(proxy.client.get("/stats") for _ in range(4)))
+        resps = await asyncio.gather(*(proxy.admin.get("/stats") for _ in range(4)))
         bodies = [await r.read() for r in resps]
         assert all(r.status == 200 for r in resps)
         assert len(set(bodies)) == 1
@@ -435,7 +435,7 @@ class TestObservation:
         upstream.script = replay(load_recording("chat_stream"))
         await (await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)).read()
         await _wait_record(proxy)
-        assert (await (await proxy.client.get("/stats")).json())["requests"] == 3001
+        assert (await (await proxy.admin.get("/stats")).json())["requests"] == 3001
         assert len(builds) == 2
 
 

@@ -10,11 +10,13 @@ import gc
 import socket
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
 import proxy.serve.app
+from proxy.commands.ports import free_port
 from proxy.config import Config, load_config
 from proxy.serve.keys import BACKGROUND
 from tests.run_app import run_app_arguments
@@ -27,11 +29,12 @@ def _unfreeze() -> Iterator[None]:
     gc.unfreeze()
 
 
-def _config(upstream_url: str, port: int = 0) -> Config:
+def _config(upstream_url: str, port: int = 0, admin: str = "127.0.0.1:0") -> Config:
     return load_config(
         None,
         {
             "server": {"host": "127.0.0.1", "port": port, "shutdown_drain_s": 0.5},
+            "admin": {"listen": admin},
             "upstream": {"url": upstream_url},
             "accounting": {"enabled": False},
         },
@@ -92,3 +95,45 @@ def test_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str) -> No
             asyncio.set_event_loop(None)  # run_app left its closed loop as the current one
     assert raised.value.errno == errno.EADDRINUSE
     assert logs == []
+
+
+def test_admin_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str) -> None:
+    """The admin listener's port held by another socket stops the start the same way:
+    the bind's ``OSError`` out of ``run``, nothing logged."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            with capture_logs() as logs, pytest.raises(OSError) as raised:
+                proxy.serve.app.run(_config(refusing_url, admin=f"127.0.0.1:{port}"))
+        finally:
+            asyncio.set_event_loop(None)
+    assert raised.value.errno == errno.EADDRINUSE
+    assert logs == []
+
+
+async def test_run_serves_the_pages_on_the_admin_listener_and_relays_the_rest(
+    monkeypatch: pytest.MonkeyPatch, refusing_url: str
+) -> None:
+    """As ``run`` starts it, the admin listener answers /stats while the app runs and stops
+    with it; the agent's listener relays /stats like any path (here to an upstream that
+    refuses: the proxy's own 502 in OpenAI's shape)."""
+    admin_port = free_port()
+    app, _ = run_app_arguments(_config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        agent = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with aiohttp.ClientSession() as client:
+            async with client.get(f"http://127.0.0.1:{admin_port}/stats") as own:
+                assert own.status == 200 and "kinds" in await own.json()
+            async with client.get(agent + "/stats") as relayed:
+                assert relayed.status == 502
+                assert "upstream unreachable" in (await relayed.json())["error"]["message"]
+    finally:
+        await runner.cleanup()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", admin_port)) != 0, "admin still listening"

@@ -106,13 +106,13 @@ def test_streamed_record_and_stats_show_speculation(
         timings["draft_n"],
         timings["draft_n_accepted"],
     )
-    with urllib.request.urlopen(proxy.url + "/stats", timeout=10) as response:
+    with urllib.request.urlopen(proxy.admin_url + "/stats", timeout=10) as response:
         chat = json.loads(response.read())["kinds"]["chat"]
     drafted = [r for r in proxy.records().values() if r.get("draft_n") is not None]
     assert chat["speculation"]["drafted"] == len(drafted)
     assert chat["draft_acceptance"]["p50"] is not None
     assert chat["speculation"]["decode_tok_s_p50_with"] is not None
-    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+    with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as response:
         page = response.read().decode()
     counts = [
         line

@@ -35,6 +35,8 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     url: str
+    admin_url: str = ""
+    """A timing-proxy's admin listener (``/stats``); empty for the references."""
 
     @property
     def pid(self) -> int:
@@ -90,13 +92,14 @@ def start_proxy(
     name: str, upstream: str, config: Path, log_file: Path | None, uvloop: bool
 ) -> Proc:
     """Start ``python -m proxy serve`` (on uvloop if asked), stdout to /dev/null."""
-    port = free_port(HOST)
+    port, admin_port = free_port(HOST), free_port(HOST)
     args = ["serve", "--config", str(config), "--listen", f"{HOST}:{port}", "--upstream", upstream]
+    args += ["--admin-listen", f"{HOST}:{admin_port}"]
     if log_file is not None:
         args += ["--log-file", str(log_file)]
     cmd = [PY, "-c", UVLOOP_LAUNCHER, *args] if uvloop else [PY, "-m", "proxy", *args]
     popen = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    return Proc(name, popen, f"http://{HOST}:{port}")
+    return Proc(name, popen, f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}")
 
 
 async def wait_ready(session: Any, proc: Proc, path: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109 - a readiness poll deadline

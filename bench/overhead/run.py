@@ -166,7 +166,7 @@ async def proxy_stats_requests(session: Any, proxies: dict[str, Proc]) -> dict[s
     for proc in proxies.values():
         if proc.name in REFERENCES:
             continue
-        async with session.get(proc.url + "/stats") as resp:
+        async with session.get(proc.admin_url + "/stats") as resp:
             stats = await resp.json()
         out[proc.name] = stats.get("requests")
     return out

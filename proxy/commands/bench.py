@@ -2,8 +2,9 @@
 proxy (or, with ``--direct``, straight to llama-server) for N runs with the OpenAI SDK, as an
 agent would, and writes one JSON-lines log per run that ``timing-proxy report`` reads.
 
-Through the proxy, each log line is the proxy's own record (fetched from
-``/stats/records/{id}``) plus what the client saw (``client_ttft_ms``, ``client_e2e_ms``).
+Through the proxy, each log line is the proxy's own record (fetched from its admin
+listener's ``/stats/records/{id}``) plus what the client saw (``client_ttft_ms``,
+``client_e2e_ms``).
 Direct, there is no proxy to record: the line is built from the client's clock and the
 ``timings`` llama-server sent, with the same field names.
 """
@@ -183,6 +184,7 @@ def _progress(out: IO[str]) -> Callable[[int, int, str], None]:
 def run_bench(
     target: str,
     *,
+    admin: str = "http://127.0.0.1:8082",
     direct: bool = False,
     prompts: PromptSet | None = None,
     runs: int = 3,
@@ -193,7 +195,8 @@ def run_bench(
 ) -> list[Path]:
     """Run the prompt set ``runs`` times against ``target``; returns the log files written.
 
-    ``target`` is the proxy's base URL, or llama-server's with ``direct``.
+    ``target`` is the proxy's base URL, or llama-server's with ``direct``; ``admin`` is the
+    proxy's admin listener, where the records are read.
     """
     from openai import OpenAI
 
@@ -211,7 +214,7 @@ def run_bench(
     for run in range(1, runs + 1):
         path = folder / f"{'direct' if direct else 'proxy'}-{stamp}-run{run}.jsonl"
         with path.open("w", encoding="utf-8") as log:
-            for prompt, line in _run_once(client, target, pset, direct, model, token):
+            for prompt, line in _run_once(client, admin, pset, direct, model, token):
                 line.update(event="request_completed", run=run, prompt=prompt.name)
                 log.write(json.dumps(line) + "\n")
                 done += 1
@@ -222,14 +225,14 @@ def run_bench(
 
 
 def _run_once(
-    client: Any, target: str, pset: PromptSet, direct: bool, model: str, token: str | None
+    client: Any, admin: str, pset: PromptSet, direct: bool, model: str, token: str | None
 ) -> Iterator[tuple[Prompt, dict[str, Any]]]:
     for prompt in pset.prompts:
         seen = _call(client, model, prompt, pset)
         if direct or seen.request_id is None:
             line = _direct_record(prompt, seen)
         else:
-            line = _fetch_record(target.rstrip("/"), seen.request_id, token)
+            line = _fetch_record(admin.rstrip("/"), seen.request_id, token)
         line["client_ttft_ms"] = round(seen.ttft_ms, 3) if seen.ttft_ms is not None else None
         line["client_e2e_ms"] = round(seen.e2e_ms, 3) if seen.e2e_ms is not None else None
         yield prompt, line

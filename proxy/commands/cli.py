@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", help="config.toml to load (default: built-in defaults)")
     serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:8081)")
+    serve.add_argument(
+        "--admin-listen",
+        help="HOST:PORT of /stats, /metrics and /dashboard (default 127.0.0.1:8082)",
+    )
     serve.add_argument("--upstream", help="llama-server base URL (default http://127.0.0.1:8080)")
     serve.add_argument("--log-file", help="also append the JSON log lines to this file")
 
@@ -73,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the proxy to send through (default http://127.0.0.1:8081)",
     )
     bench.add_argument(
+        "--admin",
+        default="http://127.0.0.1:8082",
+        help="the proxy's admin listener, where records are read (default http://127.0.0.1:8082)",
+    )
+    bench.add_argument(
         "--direct",
         metavar="UPSTREAM",
         help="send straight to this llama-server instead, for comparison",
@@ -81,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=int, default=3, help="how many runs (default 3)")
     bench.add_argument("--out", default="bench-logs", help="folder for the run logs")
     bench.add_argument("--model", default="default", help="model name sent in requests")
-    bench.add_argument("--token", help="bearer token of the proxy's reserved paths")
+    bench.add_argument("--token", help="bearer token of the proxy's admin listener")
     bench.add_argument("--report", action="store_true", help="print the report afterwards")
 
     demo = sub.add_parser("demo", help="provision llama-server + Gemma 3 270M, run everything")
@@ -89,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="your own GGUF model")
     demo.add_argument("--runs", type=int, default=1, help="bench runs (default 1)")
     demo.add_argument("--port", type=int, default=8081, help="proxy port (default 8081)")
+    demo.add_argument(
+        "--admin-port", type=int, default=8082, help="admin listener port (default 8082)"
+    )
     demo.add_argument(
         "--llama-port", type=int, default=8080, help="llama-server port (default 8080)"
     )
@@ -111,7 +123,12 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.serve.app import run
     from proxy.serve.logs import configure_logging
 
-    overrides: dict[str, dict[str, object]] = {"server": {}, "upstream": {}, "log": {}}
+    overrides: dict[str, dict[str, object]] = {
+        "server": {},
+        "upstream": {},
+        "log": {},
+        "admin": {"listen": args.admin_listen},
+    }
     if args.listen:
         host, port = parse_listen(args.listen)
         overrides["server"].update(host=host, port=port)
@@ -172,6 +189,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     files = run_bench(
         args.direct or args.proxy,
+        admin=args.admin,
         direct=bool(args.direct),
         prompts=load_prompts(args.prompts),
         runs=args.runs,
@@ -201,6 +219,7 @@ def _demo(args: argparse.Namespace) -> int:
             model=args.model,
             runs=args.runs,
             listen_port=args.port,
+            admin_port=args.admin_port,
             llama_port=args.llama_port,
             out_dir=args.out,
             wait=not args.no_wait,

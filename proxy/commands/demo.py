@@ -36,6 +36,7 @@ class DemoOptions:
     model: str | None = None
     runs: int = 1
     listen_port: int = 8081
+    admin_port: int = 8082
     llama_port: int = 8080
     out_dir: str = "demo-logs"
     wait: bool = True
@@ -95,7 +96,9 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
     say(f"starting llama-server on {llama.url} ...")
     llama.start(timeout=180)
     port = port_or_free(opts.listen_port)
+    admin_port = port_or_free(opts.admin_port)
     proxy_url = f"http://127.0.0.1:{port}"
+    admin_url = f"http://127.0.0.1:{admin_port}"
     log_file = out / "requests.jsonl"
     proxy = subprocess.Popen(
         [
@@ -105,6 +108,8 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
             "serve",
             "--listen",
             f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{admin_port}",
             "--upstream",
             llama.url,
             "--log-file",
@@ -113,9 +118,9 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
         stdout=subprocess.DEVNULL,
     )
     try:
-        _wait_http(proxy_url + "/stats", proxy)
+        _wait_http(admin_url + "/stats", proxy)
         say(f"timing-proxy on {proxy_url} -> {llama.url}; bench: {opts.runs} run(s)")
-        files = run_bench(proxy_url, runs=opts.runs, out_dir=str(out))
+        files = run_bench(proxy_url, admin=admin_url, runs=opts.runs, out_dir=str(out))
         try:
             meta = ModelInfo.fetch_blocking(llama.url)
         except ModelInfoError:
@@ -130,9 +135,9 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
                 [
                     "",
                     f"  agent base_url   {proxy_url}/v1",
-                    f"  dashboard        {proxy_url}/dashboard",
-                    f"  stats            {proxy_url}/stats",
-                    f"  metrics          {proxy_url}/metrics",
+                    f"  dashboard        {admin_url}/dashboard",
+                    f"  stats            {admin_url}/stats",
+                    f"  metrics          {admin_url}/metrics",
                     f"  llama-server     {llama.url}",
                     f"  request log      {log_file}   (tail -f {log_file} | jq)",
                     f"  bench logs       {', '.join(str(f) for f in files)}",

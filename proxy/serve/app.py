@@ -1,8 +1,10 @@
 """Application wiring: the upstream session, the relay, the record sinks and the routes.
 
-Reserved paths (``/stats``, ``/stats/records/{id}``, ``/metrics``, ``/dashboard``) are answered
-by the proxy (:mod:`proxy.serve.handlers`); every other method and path goes to the relay.
-:func:`run` serves the app until SIGINT/SIGTERM.
+Two applications, two listeners, like Envoy's admin port: the agent's (``[server]``) relays
+every method and path to llama-server, its ``/metrics`` included; the admin one
+(``[admin] listen``) answers the proxy's own pages (``/stats``, ``/stats/records/{id}``,
+``/metrics``, ``/dashboard``; :mod:`proxy.serve.handlers`) with the bearer token, from the
+relaying application's state. :func:`run` serves both until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,17 +18,18 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.config import Config
+from proxy.config import Config, parse_labels, parse_listen
 from proxy.core.roofline import Board
 from proxy.core.stats import Stats
 from proxy.core.timestamps import iso_utc
 from proxy.serve.accounting import Accounting
-from proxy.serve.handlers import auth_middleware, route
+from proxy.serve.handlers import admin_errors, auth_middleware, route, route_admin
 from proxy.serve.keys import (
     ACCOUNTING,
     BACKGROUND,
     CONFIG,
     DASHBOARD,
+    MAIN_APP,
     METRICS,
     MODEL_INFO,
     RELAY,
@@ -41,6 +44,7 @@ from proxy.serve.keys import (
 from proxy.serve.logs import get_logger
 from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
+from proxy.serve.otel import OtelSpanCollector, otel_sink_for
 from proxy.serve.relay import Relay, RelaySettings
 from proxy.serve.sinks import RecordSinks
 from proxy.serve.stats_cache import StatsDocument
@@ -55,6 +59,7 @@ __all__ = [
     "SESSION",
     "SINKS",
     "STATS",
+    "build_admin_app",
     "build_app",
     "run",
     "upstream_session",
@@ -65,12 +70,9 @@ Clock = Callable[[], float]
 
 def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Application:
     """The proxy application for ``config``."""
-    app = web.Application(
-        handler_args={"max_field_size": 65536},
-        middlewares=[auth_middleware(config.server.auth_token)],
-    )
+    app = web.Application(handler_args={"max_field_size": 65536})
     stats = Stats(since=iso_utc(), recent=config.stats.recent, window=config.stats.window)
-    metrics = Metrics()
+    metrics = Metrics(parse_labels(config.fleet.labels))
     model_info = ModelInfo(
         config.upstream.url, Board.from_config(config.board), api_key=config.upstream.api_key
     )
@@ -87,6 +89,16 @@ def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Applic
     app.on_shutdown.append(_stop_relaying)
     route(app)
     return app
+
+
+def build_admin_app(app: web.Application) -> web.Application:
+    """The admin listener's application: the proxy's pages over ``app``'s state."""
+    admin = web.Application(
+        middlewares=[admin_errors, auth_middleware(app[CONFIG].admin.auth_token)]
+    )
+    admin[MAIN_APP] = app
+    route_admin(admin)
+    return admin
 
 
 def _relay_settings(config: Config) -> RelaySettings:
@@ -140,6 +152,10 @@ def _upstream_context(
         )
         if telemetry is not None:
             await telemetry.start()
+        otel = otel_sink_for(config)
+        if otel is not None:  # spans of finished records, exported by the SDK's own thread
+            app[SINKS].append(otel)
+            app[METRICS].registry.register(OtelSpanCollector(otel))
         relay = app[RELAY] = Relay(
             session,
             _relay_settings(config),
@@ -157,6 +173,8 @@ def _upstream_context(
         if accounting is not None:
             await accounting.close()
         await relay.drain()
+        if otel is not None:
+            await otel.aclose()
         if telemetry is not None:
             await telemetry.close()
         await _cancel(app[BACKGROUND])
@@ -200,6 +218,7 @@ class _Announcer:
         self._log.info(
             "proxy_started",
             listen=f"{config.server.host}:{config.server.port}",
+            admin=config.admin.listen,
             upstream=config.upstream.url,
         )
         _ = spawn(check_upstream(self._app[SESSION], config, self._log), self._app[BACKGROUND])
@@ -210,15 +229,35 @@ class _Announcer:
             self._log.info("proxy_stopped", requests=app[STATS].requests)
 
 
+def _admin_listener(app: web.Application) -> AsyncIterator[None]:
+    """The cleanup context that serves the admin application on ``[admin] listen`` while the
+    relaying one runs (started first, stopped last: ``/stats`` answers through the drain)."""
+
+    async def serve() -> AsyncIterator[None]:
+        host, port = parse_listen(app[CONFIG].admin.listen)
+        runner = web.AppRunner(build_admin_app(app), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            yield
+        finally:
+            await runner.cleanup()
+
+    return serve()
+
+
 def run(config: Config) -> None:
     """Serve until SIGINT/SIGTERM; streams in flight get ``shutdown_drain_s`` to finish.
 
-    ``proxy_started`` is logged once the socket listens. When it cannot be bound (the port
-    is in use) the ``OSError`` propagates from here, after the app was cleaned up, with
+    ``proxy_started`` is logged once both sockets listen. When one cannot be bound (the
+    port is in use) the ``OSError`` propagates from here, after the app was cleaned up, with
     nothing logged before it.
     """
     app = build_app(config)
     announcer = _Announcer(app, get_logger())
+    # first: a port in use then fails the start before any session is open (run_app does
+    # not clean up after a failed setup), and the pages stay up through the drain
+    app.cleanup_ctx.insert(0, _admin_listener)
     app.on_startup.append(_freeze_gc)
     app.on_cleanup.append(announcer.stopped)
     kwargs: dict[str, Any] = {

@@ -1,6 +1,8 @@
 """The proxy's HTTP handlers: its own pages (``/stats``, ``/stats/records/{id}``,
-``/metrics``, ``/dashboard``), the relay for every other path, and the bearer-token check of
-its own pages. Each reads what it needs from the application's keys (:mod:`proxy.serve.keys`).
+``/metrics``, ``/dashboard``) on the admin listener, with its bearer-token check, and the
+relay for every path of the agent's listener (``/metrics`` included: llama-server's own page
+reaches the agent byte for byte). The admin application holds the relaying one under
+``MAIN_APP`` and reads what it needs from its keys (:mod:`proxy.serve.keys`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from proxy.serve.keys import (
     ACCOUNTING,
     CONFIG,
     DASHBOARD,
+    MAIN_APP,
     METRICS,
     RELAY,
     SESSION,
@@ -29,7 +32,8 @@ from proxy.serve.relay import error_response
 from proxy.serve.upstream import own_headers
 
 __all__ = [
-    "RESERVED",
+    "ADMIN_PATHS",
+    "admin_errors",
     "auth_middleware",
     "handle_dashboard",
     "handle_metrics",
@@ -37,31 +41,28 @@ __all__ = [
     "handle_relay",
     "handle_stats",
     "route",
+    "route_admin",
 ]
 
-RESERVED = frozenset({"/stats", "/metrics", "/dashboard"})
-"""Paths the proxy answers itself (and ``/stats/records/{id}``); everything else is relayed."""
+ADMIN_PATHS = frozenset({"/stats", "/metrics", "/dashboard"})
+"""The admin listener's pages (and ``/stats/records/{id}``); the agent's listener relays all."""
 
 UPSTREAM_METRICS_TIMEOUT_S = 2.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _reserved(path: str) -> bool:
-    return path in RESERVED or path.startswith("/stats/")
-
-
 def auth_middleware(token: str | None) -> Any:
-    """Bearer-token check for the reserved paths (off when ``token`` is empty).
+    """Bearer-token check for every path of the admin listener (off when ``token`` is empty).
 
     The dashboard page may also be opened as ``/dashboard?token=...``; its fetches send the
-    header. Relayed paths are never checked here: llama-server checks its own API key.
+    header. Relayed paths are never checked by the proxy: llama-server checks its own API key.
     """
     expected = f"Bearer {token}" if token else None
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is None or not _reserved(request.path):
+        if expected is None:
             return await handler(request)
         given = request.headers.get("Authorization")
         if given is None and request.path == "/dashboard":
@@ -75,16 +76,37 @@ def auth_middleware(token: str | None) -> Any:
     return check
 
 
+@web.middleware
+async def admin_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The admin listener's own 404 and 405 in OpenAI's error shape, like every answer the
+    proxy gives by itself."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(404, f"no page {request.path} on the admin listener", "not_found")
+    except web.HTTPMethodNotAllowed:
+        return error_response(
+            405, f"{request.method} {request.path}: the admin pages are GET", "method_not_allowed"
+        )
+
+
+def _main(request: web.Request) -> web.Application:
+    """The relaying application whose state the admin pages show."""
+    return request.app[MAIN_APP]
+
+
 async def handle_stats(request: web.Request) -> web.Response:
     """``GET /stats``: the statistics document (see :mod:`proxy.serve.stats_cache`)."""
-    app = request.app
-    body = await app[STATS_DOCUMENT].body(app[ACCOUNTING], app.get(TELEMETRY))
+    app = _main(request)
+    # ACCOUNTING and TELEMETRY are set once the upstream sessions open (just after the
+    # admin listener starts)
+    body = await app[STATS_DOCUMENT].body(app.get(ACCOUNTING), app.get(TELEMETRY))
     return web.Response(body=body, content_type="application/json")
 
 
 async def handle_record(request: web.Request) -> web.Response:
     """``GET /stats/records/{id}``: one recent record, or 404."""
-    record = request.app[STATS].find(request.match_info["id"])
+    record = _main(request)[STATS].find(request.match_info["id"])
     if record is None:
         return error_response(404, "no recent record with that id", "not_found")
     return web.Response(body=orjson.dumps(record.to_dict()), content_type="application/json")
@@ -93,8 +115,11 @@ async def handle_record(request: web.Request) -> web.Response:
 async def _upstream_metrics(app: web.Application) -> bytes | None:
     """llama-server's own ``/metrics`` page, or ``None`` when it has none or does not answer."""
     config = app[CONFIG]
+    session = app.get(SESSION)
+    if session is None or session.closed:  # starting, or closed at the end of the drain
+        return None
     try:
-        async with app[SESSION].get(
+        async with session.get(
             config.upstream.url + "/metrics",
             headers=own_headers(config),
             timeout=aiohttp.ClientTimeout(total=UPSTREAM_METRICS_TIMEOUT_S),
@@ -108,11 +133,12 @@ async def _upstream_metrics(app: web.Application) -> bytes | None:
 
 async def handle_metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: the proxy's Prometheus page, with the upstream's appended."""
-    upstream = await _upstream_metrics(request.app)
-    telemetry = request.app.get(TELEMETRY)
+    app = _main(request)
+    upstream = await _upstream_metrics(app)
+    telemetry = app.get(TELEMETRY)
     board = telemetry.gauges() if telemetry is not None else None
     return web.Response(
-        body=request.app[METRICS].render(upstream, board),
+        body=app[METRICS].render(upstream, board),
         headers={"Content-Type": METRICS_CONTENT_TYPE},
     )
 
@@ -120,7 +146,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 async def handle_dashboard(request: web.Request) -> web.Response:
     """``GET /dashboard``: the single-page dashboard (never cached by the browser)."""
     return web.Response(
-        body=request.app[DASHBOARD],
+        body=_main(request)[DASHBOARD],
         content_type="text/html",
         charset="utf-8",
         headers={"Cache-Control": "no-store"},
@@ -133,9 +159,13 @@ async def handle_relay(request: web.Request) -> web.StreamResponse:
 
 
 def route(app: web.Application) -> None:
-    """Add the proxy's routes to ``app``: its own pages first, then the relay for the rest."""
-    app.router.add_get("/stats", handle_stats)
-    app.router.add_get("/stats/records/{id}", handle_record)
-    app.router.add_get("/metrics", handle_metrics)
-    app.router.add_get("/dashboard", handle_dashboard)
+    """The agent's listener: every method and path relayed."""
     app.router.add_route("*", "/{tail:.*}", handle_relay)
+
+
+def route_admin(admin: web.Application) -> None:
+    """The admin listener: the proxy's own pages, nothing else (404 in OpenAI's shape)."""
+    admin.router.add_get("/stats", handle_stats)
+    admin.router.add_get("/stats/records/{id}", handle_record)
+    admin.router.add_get("/metrics", handle_metrics)
+    admin.router.add_get("/dashboard", handle_dashboard)

@@ -30,6 +30,7 @@ __all__ = [
     "BACKGROUND",
     "CONFIG",
     "DASHBOARD",
+    "MAIN_APP",
     "METRICS",
     "MODEL_INFO",
     "RELAY",
@@ -59,5 +60,7 @@ TELEMETRY: web.AppKey[Telemetry | None] = web.AppKey("telemetry")
 """The board's telemetry sampler, when ``[board] telemetry`` names one."""
 DASHBOARD = web.AppKey("dashboard", bytes)
 """The dashboard page, read from the package once."""
+MAIN_APP = web.AppKey("main_app", web.Application)
+"""On the admin application: the relaying one, whose state its pages show."""
 BACKGROUND = web.AppKey("background", set[asyncio.Future[Any]])
 """Background tasks of the app itself (the upstream check), cancelled at cleanup."""

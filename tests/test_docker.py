@@ -32,10 +32,13 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.commands.cli import _parser
 from proxy.commands.ports import free_port
 from proxy.config import load_config, parse_listen
+from proxy.serve.metrics import Metrics
+from tests.test_metrics import BOARD_SAMPLE, every_family_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -193,6 +196,11 @@ def listen_port(args: list[str]) -> int:
     return parse_listen(flag_value(args, "--listen"))[1]
 
 
+def admin_port(args: list[str]) -> int:
+    """The admin listener's port (``/stats``, ``/metrics``, ``/dashboard``)."""
+    return parse_listen(flag_value(args, "--admin-listen"))[1]
+
+
 # -- compose.yaml ------------------------------------------------------------------------------
 
 
@@ -235,22 +243,26 @@ def test_proxy_waits_for_a_healthy_llama_server(services: dict[str, Any]) -> Non
 def test_published_port_matches_listen_and_expose(
     services: dict[str, Any], proxy_cmd: list[str], final: dict[str, list[Instruction]]
 ) -> None:
-    """The proxy's published container port is its --listen port and the image's EXPOSE."""
-    port = listen_port(proxy_cmd)
-    (published,) = services["timing-proxy"]["ports"]
-    target = str(published).rsplit(":", 1)[1].split("/")[0]
-    assert int(target) == port
+    """The proxy's published container ports are its --listen and --admin-listen ports, and
+    the image's EXPOSE."""
+    ports = {listen_port(proxy_cmd), admin_port(proxy_cmd)}
+    assert len(ports) == 2
+    published = services["timing-proxy"]["ports"]
+    targets = {int(str(p).rsplit(":", 1)[1].split("/")[0]) for p in published}
+    assert targets == ports and len(published) == 2
     exposed = {p.split("/")[0] for inst in final["EXPOSE"] for p in inst.args.split()}
-    assert exposed == {str(port)}
+    assert exposed == {str(port) for port in ports}
 
 
 def test_proxy_listens_on_all_interfaces_but_publishes_on_loopback(
     services: dict[str, Any], proxy_cmd: list[str]
 ) -> None:
-    """Inside the container the proxy binds 0.0.0.0; the host publishes it on 127.0.0.1 only."""
-    assert parse_listen(flag_value(proxy_cmd, "--listen"))[0] == "0.0.0.0"
-    (published,) = services["timing-proxy"]["ports"]
-    assert str(published).startswith("127.0.0.1:")
+    """Inside the container both listeners bind 0.0.0.0; the host publishes them on
+    127.0.0.1 only."""
+    for flag in ("--listen", "--admin-listen"):
+        assert parse_listen(flag_value(proxy_cmd, flag))[0] == "0.0.0.0"
+    for published in services["timing-proxy"]["ports"]:
+        assert str(published).startswith("127.0.0.1:")
 
 
 def test_stop_grace_period_exceeds_the_drain_time(
@@ -346,11 +358,12 @@ def test_build_context_filter_lets_in_what_the_build_copies(dockerfile: list[Ins
     assert not allowed & {".venv", ".git", "tests", "bench"}
 
 
-def test_healthchecks_probe_the_listen_port(
+def test_healthchecks_probe_the_admin_port(
     services: dict[str, Any], proxy_cmd: list[str], final: dict[str, list[Instruction]]
 ) -> None:
-    """The image's and compose's proxy healthchecks run the copied script on the listen port."""
-    port = listen_port(proxy_cmd)
+    """The image's and compose's proxy healthchecks run the copied script on the admin
+    listener's /stats (the agent's port relays /stats to llama-server)."""
+    port = admin_port(proxy_cmd)
     (check,) = final["HEALTHCHECK"]
     keyword, _, rest = check.args.partition(" ")
     assert keyword == "CMD"
@@ -388,22 +401,27 @@ def test_command_line_is_accepted_by_the_cli(
     host, port = parse_listen(args.listen)
     config = load_config(
         ROOT / "config.toml",
-        {"server": {"host": host, "port": port}, "upstream": {"url": args.upstream}},
+        {
+            "server": {"host": host, "port": port},
+            "admin": {"listen": args.admin_listen},
+            "upstream": {"url": args.upstream},
+        },
     )
     assert config.upstream.url == "http://llama-server:8080"
+    assert config.admin.listen == "0.0.0.0:8082"
 
 
 # -- prometheus.yml ----------------------------------------------------------------------------
 
 
 def test_prometheus_scrapes_only_the_proxy(proxy_cmd: list[str]) -> None:
-    """Prometheus scrapes the proxy service's /metrics on its listen port, and nothing else."""
+    """Prometheus scrapes the proxy service's /metrics on its admin port, and nothing else."""
     doc = yaml.safe_load((DOCKER / "prometheus.yml").read_text(encoding="utf-8"))
     (job,) = doc["scrape_configs"]
     assert job["job_name"] == "timing-proxy"
     assert job.get("metrics_path", "/metrics") == "/metrics"
     targets = [t for sc in job["static_configs"] for t in sc["targets"]]
-    assert targets == [f"timing-proxy:{listen_port(proxy_cmd)}"]
+    assert targets == [f"timing-proxy:{admin_port(proxy_cmd)}"]
     assert go_duration_s(doc["global"]["scrape_interval"]) == 15
 
 
@@ -462,7 +480,22 @@ def test_healthcheck_script_fails_when_nothing_listens() -> None:
 class Served:
     proc: subprocess.Popen[bytes]
     url: str
+    admin_url: str
     stderr: Path
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], ports: tuple[int, ...], stderr: Path) -> None:
+    """Wait until ``proc`` accepts connections on each of ``ports`` on loopback."""
+    deadline = time.monotonic() + 20
+    for port in ports:
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None, stderr.read_text()
+                assert time.monotonic() < deadline, "proxy did not start"
+                time.sleep(0.05)
 
 
 @pytest.fixture
@@ -472,8 +505,9 @@ def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path) -> Iter
 
     def start(config_text: str | None = None) -> Served:
         cmd = image_cmd(final)
-        port = free_port()
+        port, admin = free_port(), free_port()
         cmd[cmd.index("--listen") + 1] = f"127.0.0.1:{port}"
+        cmd[cmd.index("--admin-listen") + 1] = f"127.0.0.1:{admin}"
         # nothing listens upstream: /stats must not depend on llama-server
         cmd[cmd.index("--upstream") + 1] = f"http://127.0.0.1:{free_port()}"
         config = tmp_path / "config.toml"
@@ -498,17 +532,8 @@ def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path) -> Iter
                 env=env,
             )
         procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None, stderr.read_text()
-                assert time.monotonic() < deadline, "proxy did not start"
-                time.sleep(0.05)
-        return Served(proc, url, stderr)
+        _wait_listening(proc, (port, admin), stderr)
+        return Served(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", stderr)
 
     yield start
     for proc in procs:
@@ -520,11 +545,12 @@ def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path) -> Iter
 def test_image_cmd_serves_is_healthy_and_stops_on_sigterm(
     serve_image_cmd: Any, final: dict[str, list[Instruction]]
 ) -> None:
-    """The image's command line serves /stats, passes the healthcheck and exits 0 on SIGTERM."""
+    """The image's command line serves /stats on its admin listener, passes the healthcheck
+    and exits 0 on SIGTERM."""
     served: Served = serve_image_cmd()
     (check,) = final["HEALTHCHECK"]
     image_url = healthcheck_url(json.loads(check.args.partition(" ")[2]))
-    url = served.url + urlsplit(image_url).path
+    url = served.admin_url + urlsplit(image_url).path
     done = run_healthcheck(url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "HTTP 200" in done.stdout
@@ -534,13 +560,14 @@ def test_image_cmd_serves_is_healthy_and_stops_on_sigterm(
 
 
 def test_healthcheck_counts_401_as_alive(serve_image_cmd: Any) -> None:
-    """With an auth token configured, /stats answers 401 and the healthcheck still passes."""
-    served: Served = serve_image_cmd('[server]\nauth_token = "docker-test-token"\n')
+    """With an admin auth token configured, /stats answers 401 and the healthcheck still
+    passes."""
+    served: Served = serve_image_cmd('[admin]\nauth_token = "docker-test-token"\n')
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(served.url + "/stats", timeout=5)
+        urllib.request.urlopen(served.admin_url + "/stats", timeout=5)
     assert refused.value.code == 401
     refused.value.close()
-    done = run_healthcheck(served.url + "/stats")
+    done = run_healthcheck(served.admin_url + "/stats")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "HTTP 401" in done.stdout
 
@@ -600,9 +627,270 @@ def test_docker_compose_config_accepts_the_file() -> None:
     )
     assert done.returncode == 0, done.stderr
     rendered = json.loads(done.stdout)
-    assert set(rendered["services"]) == {"llama-server", "timing-proxy", "prometheus"}
+    assert set(rendered["services"]) == {"llama-server", "timing-proxy", "prometheus", "grafana"}
     proxy = rendered["services"]["timing-proxy"]
     assert Path(proxy["build"]["context"]) == ROOT
     assert proxy["build"]["dockerfile"] == "docker/Dockerfile"
     assert rendered["services"]["llama-server"]["command"][0] == "-m"
     assert rendered["services"]["llama-server"]["command"][1].startswith("/models/")
+
+
+# -- Grafana: provisioning and the dashboard ---------------------------------------------------
+
+GRAFANA = DOCKER / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "timing-proxy.json"
+
+PROMQL_FUNCTIONS = frozenset(
+    {
+        # aggregation operators
+        *("sum", "avg", "min", "max", "count", "group", "stddev", "stdvar"),
+        *("topk", "bottomk", "quantile", "count_values"),
+        # functions
+        *("rate", "irate", "increase", "delta", "idelta", "deriv", "predict_linear"),
+        *("histogram_quantile", "histogram_count", "histogram_sum", "histogram_fraction"),
+        *("abs", "ceil", "floor", "round", "clamp", "clamp_min", "clamp_max", "sqrt", "exp"),
+        *("ln", "log2", "log10", "sgn", "scalar", "vector", "time", "timestamp"),
+        *("sort", "sort_desc", "absent", "absent_over_time", "label_replace", "label_join"),
+        *("changes", "resets", "avg_over_time", "min_over_time", "max_over_time"),
+        *("sum_over_time", "count_over_time", "quantile_over_time", "last_over_time"),
+        *("stddev_over_time", "present_over_time"),
+    }
+)
+"""The PromQL functions and aggregation operators a query may call: a misspelt one fails."""
+
+PROMQL_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
+    | {"and", "or", "unless", "inf", "nan"}
+)
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_VARIABLE = re.compile(r"\$(?:\{[^}]*\}|\w+)")
+_LABEL_LIST = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+_IDENTIFIER = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)(\s*\()?")
+_SELECTOR = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)\s*\{([^{}]*)\}")
+_MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)")
+_LABEL_VALUES = re.compile(r"^label_values\((.*),\s*([A-Za-z_]\w*)\s*\)$", re.S)
+
+
+def _promql_plain(expr: str) -> str:
+    """``expr`` with string literals emptied and Grafana variables taken out."""
+    return _VARIABLE.sub("", _STRING.sub('""', expr))
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: every identifier left once strings,
+    label matchers, range and subquery brackets, label lists (``by (…)``, ``on (…)``…),
+    keywords and function calls are taken out. A call of anything but a known function
+    fails the test (a typo would otherwise read as a metric)."""
+    text = _promql_plain(expr)
+    text = re.sub(r"\{[^{}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = _LABEL_LIST.sub(" ", text)
+    names: set[str] = set()
+    for ident, call in _IDENTIFIER.findall(text):
+        if call:
+            assert ident in PROMQL_FUNCTIONS, f"unknown PromQL function {ident!r} in {expr!r}"
+        elif ident.lower() not in PROMQL_KEYWORDS:
+            names.add(ident)
+    return names
+
+
+def promql_matchers(expr: str) -> dict[str, set[str]]:
+    """The label names each metric of ``expr`` is matched on, by metric name."""
+    out: dict[str, set[str]] = {}
+    for name, matchers in _SELECTOR.findall(_promql_plain(expr)):
+        out.setdefault(name, set()).update(_MATCHER.findall(matchers))
+    return out
+
+
+def grafana_query(variable: dict[str, Any]) -> str:
+    """The PromQL of a query variable: ``label_values(EXPR, label)`` gives EXPR."""
+    query = variable["query"]
+    text = query["query"] if isinstance(query, dict) else query
+    assert isinstance(text, str)
+    found = _LABEL_VALUES.match(text.strip())
+    return found.group(1) if found else text
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        (
+            'histogram_quantile(0.5, sum by (le, model) (rate(a_bucket{x="{b}",y=~"$v"}'
+            "[$__rate_interval])))",
+            {"a_bucket"},
+        ),
+        (
+            "sum(rate(x_total[5m])) / ignoring(cached) group_left sum(y) by (model)",
+            {"x_total", "y"},
+        ),
+        ("llamacpp:kv_cache_usage_ratio offset 5m > bool 0.5", {"llamacpp:kv_cache_usage_ratio"}),
+        ("max_over_time(z[1h:5m]) * 1e3 + Inf", {"z"}),
+        ('count by (__name__) ({__name__=~"timing_.+"}) or on() vector(0)', set()),
+    ],
+)
+def test_promql_metric_names(expr: str, names: set[str]) -> None:
+    """The PromQL reader finds the selected metrics and nothing else: not functions, label
+    names in matchers or label lists, durations, numbers, keywords or Grafana variables."""
+    assert promql_metric_names(expr) == names
+
+
+def test_promql_reader_refuses_an_unknown_function() -> None:
+    """A misspelt function is reported, not taken for a metric name."""
+    with pytest.raises(AssertionError, match="histogram_quantil"):
+        promql_metric_names("histogram_quantil(0.5, x_bucket)")
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    doc = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def dashboard_queries(doc: dict[str, Any]) -> list[str]:
+    """Every PromQL of the dashboard: panel targets and the query variables."""
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    exprs += [grafana_query(v) for v in doc["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+@pytest.fixture(scope="module")
+def provisioned_datasource() -> dict[str, Any]:
+    doc = yaml.safe_load(
+        (GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text(encoding="utf-8")
+    )
+    (source,) = doc["datasources"]
+    assert isinstance(source, dict)
+    return source
+
+
+@pytest.fixture(scope="module")
+def proxy_page_labels() -> dict[str, set[str]]:
+    """Sample name -> label names on a real /metrics page of the proxy: a Metrics with a
+    fleet label, fed a record that touches every family, rendered with every board gauge."""
+    metrics = Metrics({"robot": "arm-3"})
+    metrics.observe(every_family_record(0))
+    page = metrics.render(None, BOARD_SAMPLE).decode()
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def test_grafana_datasource_is_the_compose_prometheus(
+    services: dict[str, Any], provisioned_datasource: dict[str, Any]
+) -> None:
+    """The provisioned datasource is a Prometheus at the compose prometheus service's port,
+    and its minimum interval is Prometheus's scrape interval."""
+    source = provisioned_datasource
+    assert source["type"] == "prometheus"
+    host, port = host_port(source["url"])
+    assert host == "prometheus" and "prometheus" in services
+    published = [str(p).rsplit(":", 1)[-1] for p in services["prometheus"]["ports"]]
+    assert published == [str(port)]
+    scrape = yaml.safe_load((DOCKER / "prometheus.yml").read_text(encoding="utf-8"))
+    interval = scrape["global"]["scrape_interval"]
+    assert go_duration_s(source["jsonData"]["timeInterval"]) == go_duration_s(interval)
+
+
+def test_grafana_service_provisions_the_dashboard(services: dict[str, Any]) -> None:
+    """The grafana service (monitoring profile) mounts the provisioning folder where Grafana
+    reads it and the dashboards folder where the file provider looks; its home dashboard is
+    the file in that folder."""
+    grafana = services["grafana"]
+    assert grafana["profiles"] == ["monitoring"]
+    mounts = {}
+    for volume in grafana["volumes"]:
+        source, target, *_ = str(volume).split(":")
+        mounts[source] = target
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    for source in ("./grafana/provisioning", "./grafana/dashboards"):
+        assert (DOCKER / source).is_dir(), source
+    provider_file = GRAFANA / "provisioning" / "dashboards" / "timing-proxy.yaml"
+    (provider,) = yaml.safe_load(provider_file.read_text(encoding="utf-8"))["providers"]
+    assert provider["type"] == "file"
+    assert mounts["./grafana/dashboards"] == provider["options"]["path"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+    assert grafana["depends_on"] == {"prometheus": {"condition": "service_started"}}
+    (published,) = grafana["ports"]
+    assert str(published).startswith("127.0.0.1:")
+
+
+def test_dashboard_structure(
+    dashboard: dict[str, Any], provisioned_datasource: dict[str, Any]
+) -> None:
+    """The dashboard JSON is one Grafana can provision: a uid, unique panel ids, panels on
+    the 24-column grid without overlap, and every non-row panel with PromQL targets (unique
+    refIds) on the provisioned datasource, as are the query variables."""
+    uid = provisioned_datasource["uid"]
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    panels = dashboard["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        grid = p["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, p["title"]
+        mine = {
+            (grid["x"] + dx, grid["y"] + dy) for dx in range(grid["w"]) for dy in range(grid["h"])
+        }
+        assert not mine & cells, f"{p['title']} overlaps another panel"
+        cells |= mine
+        if p["type"] == "row":
+            continue
+        assert p["title"] and p["targets"], p["title"]
+        assert p["datasource"] == {"type": "prometheus", "uid": uid}, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)), p["title"]
+        for target in p["targets"]:
+            assert target["expr"].strip(), p["title"]
+            assert target.get("datasource", p["datasource"])["uid"] == uid, p["title"]
+    variables = [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert {v["name"] for v in variables} >= {"robot", "model", "kind"}
+    assert all(v["datasource"]["uid"] == uid for v in variables)
+
+
+def test_every_query_names_metrics_on_the_page(
+    dashboard: dict[str, Any], proxy_page_labels: dict[str, set[str]]
+) -> None:
+    """Every metric named in every query of the dashboard is a series on the proxy's
+    /metrics page, and every label a query matches it on is one that series carries."""
+    queries = dashboard_queries(dashboard)
+    assert queries
+    for expr in queries:
+        names = promql_metric_names(expr)
+        assert names, expr
+        missing = names - set(proxy_page_labels)
+        assert not missing, f"{sorted(missing)} not on /metrics: {expr}"
+        for name, labels in promql_matchers(expr).items():
+            assert labels <= proxy_page_labels[name], (
+                f"{name} has no {labels - proxy_page_labels[name]}"
+            )
+
+
+def test_the_panels_a_robot_team_needs(dashboard: dict[str, Any]) -> None:
+    """The dashboard reads TTFT and tool-call time, the prefill/decode split, schema prefill
+    paid vs saved, the cache split, busted caches (schemas prefilled again, prefill lost by
+    cause), draft acceptance, image tokens and the board's power and energy."""
+    used = set().union(*(promql_metric_names(e) for e in dashboard_queries(dashboard)))
+    needed = {
+        "gen_ai_server_time_to_first_token_seconds_bucket",
+        "timing_proxy_tool_call_seconds_bucket",
+        "timing_proxy_prefill_seconds_sum",
+        "timing_proxy_decode_seconds_sum",
+        "timing_proxy_schema_prefill_seconds_total",
+        "timing_proxy_prompt_tokens_by_cache_total",
+        "timing_proxy_schema_prefilled_again_total",
+        "timing_proxy_prefill_lost_seconds_total",
+        "timing_proxy_draft_acceptance_ratio_bucket",
+        "timing_proxy_image_tokens_sum",
+        "timing_proxy_board_power_watts",
+        "timing_proxy_request_energy_joules_bucket",
+    }
+    assert needed <= used, sorted(needed - used)
+    by = " ".join(dashboard_queries(dashboard))
+    assert re.search(r"schema_prefill_seconds_total\{[^}]*\}\[[^\]]*\]\)\)", by)
+    assert "sum by (state)" in by and "sum by (cause)" in by
+    assert re.search(r"by \(le, model, kind\) \(rate\(gen_ai_server_time_to_first_token", by)

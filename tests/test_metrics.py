@@ -11,9 +11,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.config import ConfigError, parse_labels
 from proxy.core.findings import Cause
 from proxy.core.record import Kind, Outcome, Record
-from proxy.serve.metrics import Metrics
+from proxy.serve.metrics import BOARD_GAUGES, Metrics
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, SeenRequest, load_recording, replay
 from tests.test_accounting import ToyLlama, toy
@@ -75,7 +76,7 @@ class TestMetricsPage:
         """After three streamed chats the TTFT histogram has count 3 under model and kind."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
         await _chat(proxy, 3)
-        resp = await proxy.client.get("/metrics")
+        resp = await proxy.admin.get("/metrics")
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         fams = _families(await resp.text())
@@ -105,7 +106,7 @@ class TestMetricsPage:
         state."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
         await _chat(proxy, 2)
-        fams = _families(await (await proxy.client.get("/metrics")).text())
+        fams = _families(await (await proxy.admin.get("/metrics")).text())
         reqs = {
             tuple(sorted(s.labels.items())): s.value for s in fams["timing_proxy_requests"].samples
         }
@@ -134,43 +135,113 @@ class TestMetricsPage:
     ) -> None:
         """llama-server's own families follow the proxy's, and the up gauge says so."""
         proxy = await _start(fake, make_proxy, LLAMA_METRICS)
-        fams = _families(await (await proxy.client.get("/metrics")).text())
+        fams = _families(await (await proxy.admin.get("/metrics")).text())
         assert fams["llamacpp:prompt_tokens"].samples[0].value == 40
         assert fams["timing_proxy_upstream_metrics_up"].samples[0].value == 1
 
     async def test_upstream_without_metrics(self, fake: Any, make_proxy: ProxyFactory) -> None:
         """Without llama-server --metrics the page still answers, with the up gauge at 0."""
         proxy = await _start(fake, make_proxy, None)
-        text = await (await proxy.client.get("/metrics")).text()
+        text = await (await proxy.admin.get("/metrics")).text()
         fams = _families(text)
         assert fams["timing_proxy_upstream_metrics_up"].samples[0].value == 0
         assert "llamacpp:" not in text
 
 
 class TestAccess:
-    """The bearer token guards /stats, /metrics and /dashboard, and only them."""
+    """The bearer token guards every page of the admin listener, and nothing the agent sends."""
 
     async def test_reserved_paths_need_the_token(self, fake: Any, make_proxy: ProxyFactory) -> None:
-        """With auth_token set, the reserved paths answer 401 without it and 200 with it."""
-        proxy = await _start(fake, make_proxy, LLAMA_METRICS, server={"auth_token": "s3cret"})
-        for path in ("/stats", "/metrics", "/dashboard"):
-            denied = await proxy.client.get(path)
+        """With auth_token set, the admin pages answer 401 without it and 200 with it."""
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS, admin={"auth_token": "s3cret"})
+        for path in ("/stats", "/metrics", "/dashboard", "/stats/records/none"):
+            denied = await proxy.admin.get(path)
             assert denied.status == 401, path
             assert (await denied.json())["error"]["code"] == "unauthorized"
-            wrong = await proxy.client.get(path, headers={"Authorization": "Bearer nope"})
+            wrong = await proxy.admin.get(path, headers={"Authorization": "Bearer nope"})
             assert wrong.status == 401, path
-            ok = await proxy.client.get(path, headers={"Authorization": "Bearer s3cret"})
-            assert ok.status == 200, path
-        page = await proxy.client.get("/dashboard?token=s3cret")
+            ok = await proxy.admin.get(path, headers={"Authorization": "Bearer s3cret"})
+            assert ok.status == (404 if path.endswith("none") else 200), path
+        page = await proxy.admin.get("/dashboard?token=s3cret")
         assert page.status == 200
 
     async def test_relayed_paths_are_not_guarded(self, fake: Any, make_proxy: ProxyFactory) -> None:
         """The agent's requests pass without the proxy's token: llama-server checks its own."""
-        proxy = await _start(fake, make_proxy, LLAMA_METRICS, server={"auth_token": "s3cret"})
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS, admin={"auth_token": "s3cret"})
         upstream: FakeUpstream = fake[0]
         await _chat(proxy, 1)
         assert proxy.captured.last.status == 200
         assert upstream.seen[-1].path_qs == "/v1/chat/completions"
+
+
+class TestTransparentAgentPort:
+    """Every path of the agent's listener is llama-server's: the proxy's pages live on the
+    admin listener only (issue 14, point 0)."""
+
+    async def test_metrics_on_the_agents_port_is_llama_servers_byte_for_byte(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """GET /metrics through the agent's port is llama-server's answer: the same status,
+        body and headers (Process-Start-Time-Unix included), not the proxy's page."""
+        upstream, server = fake
+
+        async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
+            return web.Response(
+                body=LLAMA_METRICS,
+                headers={
+                    "Content-Type": "text/plain; version=0.0.4",
+                    "Process-Start-Time-Unix": "1796085800",
+                },
+            )
+
+        upstream.script = script
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
+        resp = await proxy.client.get("/metrics")
+        assert resp.status == 200
+        assert await resp.read() == LLAMA_METRICS
+        assert resp.headers["Process-Start-Time-Unix"] == "1796085800"
+        assert resp.headers["Content-Type"] == "text/plain; version=0.0.4"
+        assert upstream.seen[-1].path_qs == "/metrics"
+
+    async def test_a_server_without_metrics_answers_501_through_the_proxy(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """llama-server started without --metrics answers 501: so does the agent's port,
+        with llama-server's own body; the admin page still has the proxy's metrics."""
+        proxy = await _start(fake, make_proxy, None)
+        relayed = await proxy.client.get("/metrics")
+        assert relayed.status == 501
+        assert (await relayed.json()) == {"error": {"code": 501}}
+        own = await proxy.admin.get("/metrics")
+        assert own.status == 200
+        assert "timing_proxy_upstream_metrics_up" in await own.text()
+
+    async def test_stats_and_dashboard_paths_are_relayed_too(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """/stats, /stats/records/x and /dashboard on the agent's port go to llama-server."""
+        upstream, server = fake
+        upstream.script = replay(load_recording("health"))
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
+        for path in ("/stats", "/stats/records/x", "/dashboard"):
+            resp = await proxy.client.get(path)
+            await resp.read()
+            assert upstream.seen[-1].path_qs == path
+
+    async def test_admin_listener_answers_only_its_pages_in_openais_shape(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """Any other path on the admin listener is a 404, and a POST to a page a 405, each
+        with an OpenAI-shaped error body; nothing reaches llama-server."""
+        upstream, server = fake
+        proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
+        missing = await proxy.admin.post("/v1/chat/completions", data=b"{}")
+        assert missing.status == 404
+        assert (await missing.json())["error"]["code"] == "not_found"
+        wrong = await proxy.admin.post("/stats", data=b"{}")
+        assert wrong.status == 405
+        assert (await wrong.json())["error"]["code"] == "method_not_allowed"
+        assert upstream.seen == []
 
 
 class TestUpstreamKey:
@@ -193,10 +264,10 @@ class TestUpstreamKey:
         upstream.script = guarded
         url = str(server.make_url("")).rstrip("/")
         without = await make_proxy(url)
-        text = await (await without.client.get("/metrics")).text()
+        text = await (await without.admin.get("/metrics")).text()
         assert "llamacpp:" not in text
         keyed = await make_proxy(url, upstream={"api_key": "k"})
-        text = await (await keyed.client.get("/metrics")).text()
+        text = await (await keyed.admin.get("/metrics")).text()
         assert _families(text)["llamacpp:prompt_tokens"].samples[0].value == 40
         await _chat(keyed, 1)
         agent = [s for s in upstream.seen if s.path_qs == "/v1/chat/completions"][-1]
@@ -317,7 +388,7 @@ async def test_a_changed_system_prompt_is_on_the_page(
     second = await send(proxy, toy, clocked(2), 0, 2)
     assert second.prefill_cause == "system_prompt_changed"
     assert second.prefill_lost_ms is not None and second.cache_lost_tokens
-    fams = _families(await (await proxy.client.get("/metrics")).text())
+    fams = _families(await (await proxy.admin.get("/metrics")).text())
     lost = {
         (s.labels["model"], s.labels["cause"]): s.value
         for s in fams["timing_proxy_prefill_lost_seconds"].samples
@@ -410,3 +481,123 @@ class TestSpeculationImagesBoard:
         fams = _page(metrics, {"power_w": 5.25})
         assert fams["timing_proxy_board_power_watts"].samples[0].value == 5.25
         assert "timing_proxy_board_gpu_busy_percent" not in fams
+
+
+FLEET = {"robot": "arm-3", "site": "lab"}
+
+
+def every_family_record(i: int) -> Record:
+    """A completed tool record with a value for every field a family of the page reads
+    (with :data:`BOARD_SAMPLE` rendered, every family of the page has samples)."""
+    return _record(
+        i,
+        ttft_ms=180.0,
+        e2e_ms=900.0,
+        prefill_ms=150.0,
+        decode_ms=700.0,
+        tool_call_ms=850.0,
+        overhead_ms=30.0,
+        predicted_n=12,
+        prompt_tokens=400,
+        cache_n=100,
+        schema_tokens=220,
+        schema_prefill_ms=80.0,
+        schema_saved_ms=20.0,
+        schema_prefilled_again=True,
+        prefill_cause="tools_changed",
+        prefill_lost_ms=60.0,
+        cache_lost_tokens=50,
+        draft_acceptance=0.75,
+        image_tokens=259,
+        image_prefill_ms=300.0,
+        energy_mj=1500.0,
+        upstream_cpu_ms=250.0,
+    )
+
+
+def _fed(labels: dict[str, str]) -> Metrics:
+    """Metrics with ``labels``, fed one record that touches every family."""
+    metrics = Metrics(labels)
+    metrics.observe(every_family_record(0))
+    return metrics
+
+
+BOARD_SAMPLE: dict[str, float] = {key: 10.0 + i for i, key in enumerate(BOARD_GAUGES)}
+"""A telemetry sample reporting every board gauge."""
+
+
+class TestFleetLabels:
+    """``[fleet] labels``: constant labels on every sample of the proxy's own families."""
+
+    def test_every_sample_of_every_family_carries_the_labels(self) -> None:
+        """With fleet labels, every sample of every family the proxy exports (histograms,
+        counters, the up gauge, the board gauges) carries each label with its value, and
+        the families are the same as without labels."""
+        labelled = _families(_fed(FLEET).render(None, BOARD_SAMPLE).decode())
+        plain = _families(_fed({}).render(None, BOARD_SAMPLE).decode())
+        assert set(labelled) == set(plain)
+        assert all(family.samples for family in labelled.values())
+        assert "timing_proxy_board_power_watts" in labelled
+        samples = [s for family in labelled.values() for s in family.samples]
+        assert samples
+        missing = [s for s in samples if {k: s.labels.get(k) for k in FLEET} != FLEET]
+        assert missing == []
+
+    def test_labels_add_nothing_else(self) -> None:
+        """The labelled page, fleet labels taken off, holds exactly the samples and values
+        of the page without them."""
+
+        def samples(metrics: Metrics) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+            return sorted(
+                (
+                    s.name,
+                    tuple(sorted((k, v) for k, v in s.labels.items() if k not in FLEET)),
+                    s.value,
+                )
+                for family in _families(metrics.render(None, BOARD_SAMPLE).decode()).values()
+                for s in family.samples
+            )
+
+        assert samples(_fed(FLEET)) == samples(_fed({}))
+
+    def test_without_labels_the_page_is_as_before(self) -> None:
+        """No fleet labels (the default, or an empty set) renders the same bytes as a
+        Metrics built without the argument, and no sample carries a fleet label name."""
+        default = Metrics()
+        default.observe(every_family_record(0))
+        page = default.render(None, BOARD_SAMPLE)
+        assert _fed({}).render(None, BOARD_SAMPLE) == page
+        names = {k for f in _families(page.decode()).values() for s in f.samples for k in s.labels}
+        assert not names & set(FLEET)
+
+    def test_no_fleet_label_can_shadow_a_label_of_the_page(self) -> None:
+        """Every label name the page uses (and Prometheus's own target labels) is refused by
+        parse_labels, so a fleet label never overwrites or is overwritten by one."""
+        page = _families(_fed({}).render(None, BOARD_SAMPLE).decode())
+        used = {k for f in page.values() for s in f.samples for k in s.labels}
+        assert {"model", "kind", "api", "le"} <= used
+        for name in used | {"job", "instance"}:
+            with pytest.raises(ConfigError):
+                parse_labels(f"{name}=x")
+
+    async def test_the_served_page_carries_the_configured_labels(
+        self, fake: Any, make_proxy: ProxyFactory
+    ) -> None:
+        """Through the proxy with ``[fleet] labels``: the proxy's families on /metrics carry
+        the labels; llama-server's merged ``llamacpp:*`` families are relayed without them."""
+        labels = ",".join(f"{k}={v}" for k, v in FLEET.items())
+        proxy = await _start(fake, make_proxy, LLAMA_METRICS, fleet={"labels": labels})
+        await _chat(proxy, 2)
+        fams = _families(await (await proxy.admin.get("/metrics")).text())
+        ours = [
+            s for name, f in fams.items() if not name.startswith("llamacpp:") for s in f.samples
+        ]
+        assert ours and all(s.labels.items() >= FLEET.items() for s in ours)
+        count = [
+            s.value
+            for s in fams["gen_ai_server_time_to_first_token_seconds"].samples
+            if s.name.endswith("_count")
+        ]
+        assert count == [2]
+        (theirs,) = fams["llamacpp:prompt_tokens"].samples
+        assert theirs.labels == {}

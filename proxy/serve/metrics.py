@@ -10,12 +10,21 @@ on the prefill lost to cache misses: the closed set :class:`proxy.core.findings.
 bounded; models beyond :data:`MAX_MODELS` distinct names are reported as ``other``.
 Buckets reach 600 s: a cold prompt on a Jetson takes minutes, OpenTelemetry's 10 s ceiling
 is too low for edge boards.
+
+Fleet labels (``[fleet] labels``, e.g. ``robot=arm-3,site=lab``) are constant labels added to
+every sample of every family the proxy exports, when the page is rendered: ``observe()`` costs
+the same with or without them, and a family added later carries them without a line of its
+own. llama-server's ``llamacpp:*`` text appended to the page is llama-server's and is left as
+it is, without them: Prometheus's target labels (``job``, ``instance``, or labels set on the
+target in the scrape config) tell one robot's llama-server from another's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from prometheus_client import (
@@ -64,6 +73,7 @@ RATIO = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 JOULES = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 LABELS = ("model", "kind", "api")
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
 CAUSES = frozenset(str(c) for c in Cause)
 """The ``cause`` label's values; a record naming any other (another harness's log) is not
 counted under it."""
@@ -111,9 +121,13 @@ families: set from the latest sample when the page is rendered."""
 class Metrics:
     """The proxy's own metrics, fed one record at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, labels: Mapping[str, str] = NO_LABELS) -> None:
+        """``labels``: the fleet's constant labels (``parse_labels`` of ``[fleet] labels``),
+        on every sample of the page; none by default."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.labels: dict[str, str] = dict(labels)
+        self._page: Collector = _ConstantLabels(r, self.labels) if self.labels else r
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r)
@@ -342,7 +356,7 @@ class Metrics:
         than a 0 that reads as a measurement."""
         self.upstream_up.set(1 if upstream is not None else 0)
         self.board.latest = {k: v for k, v in (board or {}).items() if k in BOARD_GAUGES}
-        page = generate_latest(self.registry)
+        page = generate_latest(self._page)
         if upstream:
             page += b"# llama-server's own metrics (from its /metrics):\n" + upstream
             if not upstream.endswith(b"\n"):
@@ -380,6 +394,27 @@ class _BoardGauges(Collector):
 
     def describe(self) -> list[Metric]:
         return []
+
+
+class _ConstantLabels(Collector):
+    """A registry's families with constant labels added to every sample, at collect time.
+
+    prometheus_client has no global constant labels; adding them here rather than to every
+    family's label names keeps ``observe()`` as it is and covers every family, the custom
+    collectors' included. The names never collide with the page's own (``parse_labels``
+    refuses those)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: Mapping[str, str]) -> None:
+        self.registry = registry
+        self.labels = dict(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            labelled = copy.copy(family)
+            labelled.samples = [
+                s._replace(labels={**self.labels, **s.labels}) for s in family.samples
+            ]
+            yield labelled
 
 
 def _observe_extras(c: _Children, record: Record) -> None:

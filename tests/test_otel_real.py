@@ -1,0 +1,242 @@
+"""Spans of real llama-server requests, as a real OTLP receiver stored them.
+
+Arize Phoenix (``tests/otel_receiver.py``: its own virtualenv, ``phoenix serve`` on free
+loopback ports, its database in the test's folder) takes the proxy's OTLP/HTTP export. The
+proxy runs as a user starts it, with ``[otel] endpoint`` pointing at Phoenix, in front of the
+real llama-server. One streamed chat and one streamed tool request go through it; then the
+spans are read back through Phoenix's REST API and held against the proxy's own records
+(the ``request_completed`` lines of its log): the span's name, its ``gen_ai.*`` attributes,
+every ``timing_proxy.*`` field, its start (the record's ``ts``, inside the test's own wall
+clock around the request) and duration (``e2e_ms``), the prefill and decode child spans where
+the dashboard draws them, and the first-token and tool-call events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.commands.provision import LlamaServer
+from proxy.core.headers import REQUEST_ID_HEADER
+from proxy.core.record import Record
+from proxy.serve.otel import PROVIDER, phases
+from tests.conftest import ProxyProcess, proxy_in_front_of
+from tests.otel_receiver import Phoenix, phoenix_running
+
+pytestmark = pytest.mark.real
+
+MODEL = "gemma"
+FLEET = "robot=arm-3,site=lab"
+EXPORT_WITHIN = 60.0
+"""The batch processor sends every 5 s (the SDK's default); Phoenix then writes the spans."""
+TIME_TOLERANCE_MS = 0.01
+"""Phoenix stores times in microseconds; the span's are the record's to the nanosecond."""
+
+TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CHAT_BODY: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Say hello to the robot."}],
+    "max_tokens": 16,
+    "temperature": 0,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+TOOL_BODY: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "What is the weather in Paris right now?"}],
+    "tools": [TOOL],
+    "max_tokens": 48,
+    "temperature": 0,
+    "stop": ["</tool_call>"],
+    "parallel_tool_calls": False,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
+    """A running Phoenix for this module."""
+    with phoenix_running(tmp_path_factory.mktemp("phoenix")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def traced_proxy(
+    llama_server: LlamaServer, phoenix: Phoenix, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
+    """The proxy in front of the real llama-server, exporting its spans to Phoenix."""
+    folder = tmp_path_factory.mktemp("traced-proxy")
+    config = folder / "config.toml"
+    config.write_text(
+        f'[otel]\nendpoint = "{phoenix.otlp_endpoint}"\n\n[fleet]\nlabels = "{FLEET}"\n',
+        encoding="utf-8",
+    )
+    with proxy_in_front_of(llama_server.url, folder, config=config) as proxy:
+        yield proxy
+
+
+def _stream(proxy: ProxyProcess, body: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
+    """POST a streamed Chat Completions request and read it to the end: its record, and the
+    wall clock (epoch ms) just before the request and just after the response."""
+    request = urllib.request.Request(
+        proxy.url + "/v1/chat/completions",
+        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    before = time.time() * 1000
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        resp.read()
+        request_id = resp.headers[REQUEST_ID_HEADER]
+    after = time.time() * 1000
+    return proxy.record(request_id, within=30), before, after
+
+
+def _stored(phoenix: Phoenix, request_id: str) -> dict[str, dict[str, Any]]:
+    """The spans of one request as Phoenix stored them, by name (the request's under
+    ``root``), once the request's span and its children have all arrived."""
+    deadline = time.monotonic() + EXPORT_WITHIN
+    while True:
+        spans = phoenix.spans()
+        roots = [s for s in spans if s["attributes"].get("timing_proxy.id") == request_id]
+        if roots:
+            root = roots[0]
+            children = [s for s in spans if s["parent_id"] == root["context"]["span_id"]]
+            if len(children) >= _expected_children(root):
+                return {"root": root, **{s["name"]: s for s in children}}
+        assert time.monotonic() < deadline, f"no span for {request_id} in Phoenix"
+        time.sleep(0.5)
+
+
+def _expected_children(root: dict[str, Any]) -> int:
+    record = _record_of(root)
+    return sum(phase is not None for phase in phases(record))
+
+
+def _record_of(span: dict[str, Any]) -> Record:
+    """The record the span's ``timing_proxy.*`` attributes spell (lists as Phoenix keeps
+    them)."""
+    prefix = "timing_proxy."
+    fields = {k[len(prefix) :]: v for k, v in span["attributes"].items() if k.startswith(prefix)}
+    return Record.from_dict(fields)
+
+
+def _epoch_ms(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp() * 1000
+
+
+def _offset_ms(span_time: str, root: dict[str, Any]) -> float:
+    """Milliseconds from the request's span start to ``span_time`` (exact: from the
+    microsecond integers, not float epochs)."""
+    delta = datetime.fromisoformat(span_time) - datetime.fromisoformat(root["start_time"])
+    return delta / (datetime.min.resolution * 1000)
+
+
+def _check_span(
+    stored: dict[str, dict[str, Any]], record: dict[str, Any], before: float, after: float
+) -> None:
+    root = stored["root"]
+    attrs = root["attributes"]
+    assert root["name"] == f"chat {MODEL}"
+    assert root["parent_id"] is None
+    assert root["status_code"] != "ERROR"
+    expected = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": MODEL,
+        "gen_ai.usage.input_tokens": record["prompt_tokens"],
+        "gen_ai.usage.output_tokens": record["predicted_n"],
+        "gen_ai.response.finish_reasons": [record["finish_reason"]],
+        "http.response.status_code": record["status"],
+    }
+    assert {k: attrs.get(k) for k in expected} == expected
+    fields = {f.name for f in dataclasses.fields(Record)}
+    for name, value in record.items():
+        if name in fields and value is not None and not isinstance(value, dict):
+            assert attrs[f"timing_proxy.{name}"] == value, name
+    # the wall clock: the span starts at the record's ts, inside the test's own window
+    start = _epoch_ms(root["start_time"])
+    assert start == _epoch_ms(record["ts"])
+    assert before - 1 <= start <= after
+    assert _offset_ms(root["end_time"], root) == pytest.approx(
+        record["e2e_ms"], abs=TIME_TOLERANCE_MS
+    )
+
+
+def _check_phases(stored: dict[str, dict[str, Any]], record: dict[str, Any]) -> None:
+    """The prefill ends at the first token and lasts ``prefill_ms``; the decode follows for
+    ``decode_ms``; both children of the request's span."""
+    root = stored["root"]
+    prefill, decode = phases(Record.from_dict(record))
+    assert prefill is not None and decode is not None
+    for name, (start, end) in (("prefill", prefill), ("decode", decode)):
+        span = stored[name]
+        assert span["parent_id"] == root["context"]["span_id"]
+        assert _offset_ms(span["start_time"], root) == pytest.approx(start, abs=TIME_TOLERANCE_MS)
+        assert _offset_ms(span["end_time"], root) == pytest.approx(end, abs=TIME_TOLERANCE_MS)
+    assert _offset_ms(stored["decode"]["end_time"], stored["decode"]) == pytest.approx(
+        record["decode_ms"], abs=2 * TIME_TOLERANCE_MS
+    )
+
+
+def _check_events(stored: dict[str, dict[str, Any]], record: dict[str, Any]) -> None:
+    root = stored["root"]
+    events = {e["name"]: e for e in root["events"]}
+    assert _offset_ms(events["first token"]["timestamp"], root) == pytest.approx(
+        record["ttft_ms"], abs=TIME_TOLERANCE_MS
+    )
+    if record["tool_calls"]:
+        call = events["tool call complete"]
+        assert _offset_ms(call["timestamp"], root) == pytest.approx(
+            record["tool_call_ms"], abs=TIME_TOLERANCE_MS
+        )
+    else:
+        assert "tool call complete" not in events
+
+
+def _dump(stored: dict[str, dict[str, Any]], folder: Path) -> None:
+    """Keep what Phoenix stored beside the test's files (docs/otel.md shows one)."""
+    (folder / "phoenix-spans.json").write_text(json.dumps(stored, indent=2), encoding="utf-8")
+
+
+def test_chat_span_as_phoenix_stored_it(
+    traced_proxy: ProxyProcess, phoenix: Phoenix, tmp_path: Path
+) -> None:
+    """A streamed chat request's span, its children and events, as Phoenix stored them,
+    agree with the proxy's record of the request."""
+    record, before, after = _stream(traced_proxy, CHAT_BODY)
+    assert record["kind"] == "chat"
+    stored = _stored(phoenix, record["id"])
+    _dump(stored, tmp_path)
+    _check_span(stored, record, before, after)
+    _check_phases(stored, record)
+    _check_events(stored, record)
+
+
+def test_tool_span_as_phoenix_stored_it(
+    traced_proxy: ProxyProcess, phoenix: Phoenix, tmp_path: Path
+) -> None:
+    """A streamed tool request: the same agreement, and the tool call's event at
+    ``tool_call_ms`` when the model called the tool (none when it answered in text)."""
+    record, before, after = _stream(traced_proxy, TOOL_BODY)
+    assert record["kind"] == "tool"
+    stored = _stored(phoenix, record["id"])
+    _dump(stored, tmp_path)
+    _check_span(stored, record, before, after)
+    _check_phases(stored, record)
+    _check_events(stored, record)

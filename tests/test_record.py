@@ -35,6 +35,8 @@ RECORD_FIELDS = [
     *("prompt_tokens", "cache_hit_ratio", "overhead_ms", "prefill_share"),
     *("tool_calls", "tool_call_valid", "tool_call_ms", "tool_call_tokens", "tool_decode_tok_s"),
     *("tool_args_tokens", "tool_args_chars", "tool_args_tokens_source"),
+    *("max_tokens", "tools_in_prompt", "tool_call_truncated", "reasoning_ms"),
+    *("reasoning_tokens", "reasoning_share"),
     *("schema_hash", "schema_tools", "schema_tokens", "schema_tokens_source", "schema_cached"),
     *("schema_prefill_ms", "schema_saved_ms", "schema_prefilled_again", "accounting_error"),
     *("prefix_kind", "reusable_tokens", "cache_lost_tokens", "diverged_at", "diverged_section"),

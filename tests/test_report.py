@@ -978,3 +978,38 @@ class TestImagesSpeculationBoard:
         text = render_text(build_report(load_runs([write_log(tmp_path / "a.jsonl", records)])))
         for absent in ("image tokens", "speculative decoding", "energy per call"):
             assert absent not in text
+
+
+class TestSetupFindings:
+    """Setup findings come first in the report, from the records' setup fields."""
+
+    def test_tools_that_never_reach_the_model_come_first(self, tmp_path: Path) -> None:
+        """Tool records whose tools the template dropped (schema_tokens 0, counted) give a
+        setup finding printed before the kinds, with its fix."""
+        records = [
+            tool_call(i, t, tools_in_prompt=False, max_tokens=48)
+            for i, t in enumerate(SEED_TOOL_TOTALS)
+        ]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        (found,) = report["setup_findings"]
+        assert (found["cause"], found["requests"]) == ("tools_never_reach_model", 5)
+        assert found["ms"] == pytest.approx(sum(SEED_TOOL_TOTALS))
+        text = render_text(report)
+        assert text.index("setup findings") < text.index("tool: 5 requests")
+        assert "tools_never_reach_model (qwen3-4b): 5 requests" in text
+        assert "--chat-template-file" in text
+
+    def test_no_max_tokens_only_when_the_log_has_the_field(self, tmp_path: Path) -> None:
+        """A proxy log with max_tokens null is a finding (with the longest generation); a
+        log whose lines lack the field says nothing about limits."""
+        records = [tool_call(i, t, max_tokens=None) for i, t in enumerate(SEED_TOOL_TOTALS)]
+        report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
+        (found,) = report["setup_findings"]
+        assert found["cause"] == "no_max_tokens" and found["detail"]["longest_tokens"] == 10
+        assert "longest generation 10 tokens" in render_text(report)
+        lines = [
+            orjson.dumps({k: v for k, v in orjson.loads(log_line(r)).items() if k != "max_tokens"})
+            for r in records
+        ]
+        (tmp_path / "b.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        assert build_report(load_runs([str(tmp_path / "b.jsonl")]))["setup_findings"] == []

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.core.record import Outcome, Record, derive, ms, ratio
+from proxy.core.record import Kind, Outcome, Record, derive, ms, ratio
 from proxy.core.request import RequestFacts
+from proxy.core.setup import request_limit
 from proxy.core.tracker import Observation, ToolCall
 
 __all__ = ["Exchange", "build_record", "outcome_of", "tool_calls_valid"]
@@ -56,6 +57,14 @@ def outcome_of(ex: Exchange) -> Outcome:
     return ex.outcome
 
 
+def _truncated(facts: RequestFacts, o: Observation, valid: bool | None) -> bool | None:
+    """A tool turn ended by its token limit while a call's arguments were open or not valid
+    JSON; ``False`` for a tool turn that did not; ``None`` for any other request."""
+    if facts.kind is not Kind.TOOL:
+        return None
+    return o.finish_reason == "length" and bool(o.tool_calls) and valid is not True
+
+
 def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> Record:
     """The record of one exchange. ``obs`` is ``None`` when no response body was seen."""
     o = obs or Observation()
@@ -76,6 +85,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
     )
     counted = obs is not None and obs.analysed
     recognised = counted and o.recognised
+    valid = tool_calls_valid(o.tool_calls, facts.tool_names)
     analysis_error = facts.error or o.analysis_error
     if o.oversized_events and analysis_error is None:
         analysis_error = f"oversized_events:{o.oversized_events}"
@@ -98,10 +108,12 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         decode_wall_ms=ms(decode_wall),
         **derived,
         tool_calls=len(o.tool_calls) if recognised else None,
-        tool_call_valid=tool_calls_valid(o.tool_calls, facts.tool_names),
+        tool_call_valid=valid,
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
         tool_call_tokens=tool_tokens,
         tool_args_chars=sum(len(c.arguments) for c in o.tool_calls) if o.tool_calls else None,
+        max_tokens=request_limit(facts.body),
+        tool_call_truncated=_truncated(facts, o, valid) if recognised else None,
         tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span else None,
         finish_reason=o.finish_reason,
         events=o.events if counted else None,

@@ -160,6 +160,13 @@ class Record:
     tool_args_tokens: int | None = None
     tool_args_chars: int | None = None
     tool_args_tokens_source: str | None = None
+    # setup (proxy/core/setup.py): what the request and the server made of the tools
+    max_tokens: int | None = None
+    tools_in_prompt: bool | None = None
+    tool_call_truncated: bool | None = None
+    reasoning_ms: float | None = None
+    reasoning_tokens: int | None = None
+    reasoning_share: float | None = None
     # tool schemas
     schema_hash: str | None = None
     schema_tools: int | None = None

@@ -54,6 +54,7 @@ from proxy.core.schema import (
     strip_tools,
     token_span,
 )
+from proxy.core.setup import tools_in_prompt
 from proxy.core.tracker import Observation
 from proxy.serve.attribution import Attributor
 from proxy.serve.tasks import spawn
@@ -576,7 +577,9 @@ class Accounting:
                 errors.append(f"tool_args: {type(exc).__name__}")
         if errors:
             fields["accounting_error"] = "; ".join(errors)
-        return dataclasses.replace(record, **fields)
+        record = dataclasses.replace(record, **fields)
+        found = tools_in_prompt(record)
+        return record if found is None else dataclasses.replace(record, tools_in_prompt=found)
 
     async def _join_images(
         self, record: Record, task: asyncio.Task[ImageInfo]

@@ -34,6 +34,7 @@ from proxy.serve.keys import (
     MODEL_INFO,
     RELAY,
     SESSION,
+    SETUP,
     SINKS,
     STATS,
     STATS_DOCUMENT,
@@ -46,6 +47,7 @@ from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
 from proxy.serve.otel import OtelSpanCollector, otel_sink_for
 from proxy.serve.relay import Relay, RelaySettings
+from proxy.serve.setup_watch import SetupWatch
 from proxy.serve.sinks import RecordSinks
 from proxy.serve.stats_cache import StatsDocument
 from proxy.serve.tasks import spawn
@@ -77,6 +79,10 @@ def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Applic
         config.upstream.url, Board.from_config(config.board), api_key=config.upstream.api_key
     )
     records = RecordSinks(stats, metrics, model_info, get_logger())
+    setup = app[SETUP] = SetupWatch(
+        config.upstream.url, get_logger(), api_key=config.upstream.api_key
+    )
+    records.sinks.append(setup.sink)
     app[CONFIG] = config
     app[STATS] = stats
     app[STATS_DOCUMENT] = StatsDocument(stats)
@@ -166,6 +172,7 @@ def _upstream_context(
             telemetry=telemetry,
         )
         app[MODEL_INFO].attach(session)
+        app[SETUP].attach(session)
         yield
         # look-ups still running get the drain time streams got, then are cancelled: their
         # records are written all the same, with the reason, before the sessions close
@@ -179,6 +186,7 @@ def _upstream_context(
             await telemetry.close()
         await _cancel(app[BACKGROUND])
         await app[MODEL_INFO].close()
+        await app[SETUP].close()
         await session.close()
         await stream_session.close()
 
@@ -221,7 +229,13 @@ class _Announcer:
             admin=config.admin.listen,
             upstream=config.upstream.url,
         )
-        _ = spawn(check_upstream(self._app[SESSION], config, self._log), self._app[BACKGROUND])
+        _ = spawn(self._check(), self._app[BACKGROUND])
+
+    async def _check(self) -> None:
+        """The upstream's ``/health``, then its template's tool support (``/props``): a
+        template that drops tools is said once at start, before any request."""
+        if await check_upstream(self._app[SESSION], self._app[CONFIG], self._log):
+            await self._app[SETUP].probe()
 
     async def stopped(self, app: web.Application) -> None:
         """``on_cleanup``: the last line of a run that listened."""

@@ -22,6 +22,7 @@ from proxy.serve.accounting import Accounting
 from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
 from proxy.serve.relay import Relay
+from proxy.serve.setup_watch import SetupWatch
 from proxy.serve.stats_cache import StatsDocument
 from proxy.serve.telemetry import Telemetry
 
@@ -35,6 +36,7 @@ __all__ = [
     "MODEL_INFO",
     "RELAY",
     "SESSION",
+    "SETUP",
     "SINKS",
     "STATS",
     "STATS_DOCUMENT",
@@ -56,6 +58,8 @@ METRICS = web.AppKey("metrics", Metrics)
 MODEL_INFO = web.AppKey("model_info", ModelInfo)
 SINKS = web.AppKey("sinks", list[RecordSink])
 ACCOUNTING: web.AppKey[Accounting | None] = web.AppKey("accounting")
+SETUP = web.AppKey("setup", SetupWatch)
+"""The setup findings and the served template's tool support (``/props``)."""
 TELEMETRY: web.AppKey[Telemetry | None] = web.AppKey("telemetry")
 """The board's telemetry sampler, when ``[board] telemetry`` names one."""
 DASHBOARD = web.AppKey("dashboard", bytes)

@@ -474,9 +474,41 @@ def _prefill_lines(report: Mapping[str, Any]) -> list[str]:
     return [*lines, *([""] if talks else []), *talks]
 
 
+def _setup_lines(report: Mapping[str, Any]) -> list[str]:
+    """The setup findings, first in the report: one line each, its fix wrapped below."""
+    found: Sequence[Mapping[str, Any]] = report.get("setup_findings") or []
+    if not found:
+        return []
+    lines = ["setup findings (fix these first)"]
+    for f in found:
+        what = f"{f['cause']} ({f['model']}): {_plural(f['requests'], 'request')}"
+        if f["ms"]:
+            what += f", {_ms(f['ms'])} ms"
+        detail = f.get("detail") or {}
+        if detail.get("longest_tokens") is not None and f["cause"] == "no_max_tokens":
+            what += f", longest generation {_int(detail['longest_tokens'])} tokens"
+        if "tool_decode_tok_s" in detail:
+            what += (
+                f": tool calls {_rate(detail['tool_decode_tok_s'])} tok/s against chat"
+                f" {_rate(detail['chat_decode_tok_s'])} (spread {_rate(detail['spread_tok_s'])})"
+            )
+        lines.append("  " + what)
+        lines.extend(
+            textwrap.wrap(
+                f["fix"],
+                _WIDTH,
+                initial_indent="    fix: ",
+                subsequent_indent="         ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+        )
+    return [*lines, ""]
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as a terminal table (fixed-width columns, units, thousands separators)."""
-    lines = [_head(report)]
+    lines = [_head(report), *_setup_lines(report)]
     if report["models"]:
         lines.append("model: " + ", ".join(report["models"]))
     apis = report.get("apis") or {}

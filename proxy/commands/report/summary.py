@@ -36,6 +36,7 @@ from proxy.core.findings import Cause, Findings, lost_tokens
 from proxy.core.prefix import Attribution, PrefixKind
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, Medians, ModelMeta, roofline_lines, roofline_summary
+from proxy.core.setup import SetupFindings
 from proxy.core.stats import (
     APIS,
     percentile,
@@ -58,6 +59,7 @@ __all__ = [
     "findings",
     "median_call",
     "median_record",
+    "setup_findings",
     "upstream_errors",
 ]
 
@@ -288,6 +290,19 @@ def _as_attribution(record: Record) -> Attribution:
     )
 
 
+def setup_findings(runs: Sequence[Run], kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
+    """The setup findings of the records (``/stats``'s ``findings`` of category ``setup``,
+    over every record of the files). A log whose lines lack ``max_tokens`` (another
+    harness's, or the proxy's before the field) says nothing about request limits."""
+    found = SetupFindings()
+    for run in runs:
+        limit_known = not run.missing.get("max_tokens")
+        for record in run.records:
+            if record.kind in kinds:
+                found.add(record, limit_known=limit_known)
+    return found.findings()
+
+
 def _in_order(runs: Sequence[Run]) -> list[tuple[str, Record]]:
     """Every record with its conversation's name: the proxy's own name when there is one
     run; ``RUN:NAME`` with several (the proxy numbers conversations per process, so two
@@ -458,6 +473,7 @@ def build_report(
         "roofline": roofline,
         "attributed": sum(1 for r in chosen if r.prefix_kind is not None),
         "findings": findings(runs, kinds),
+        "setup_findings": setup_findings(runs, kinds),
         "conversations": talks,
         "conversations_seen": seen,
     }

@@ -1,0 +1,114 @@
+"""Setup findings, live: what ``/props`` says of the served template's tool support (at
+start, and again when the served model changes), and each finished record's setup causes
+(:mod:`proxy.core.setup`), each logged once per cause and model, not per request.
+
+Everything here runs off the request path: ``/props`` is read by a background task, and the
+record sink only counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.core.record import Record
+from proxy.core.request import RequestFacts
+from proxy.core.setup import SETUP_FIXES, SetupCause, SetupFindings, TemplateCaps
+from proxy.core.tracker import Observation
+from proxy.serve.tasks import spawn
+from proxy.serve.upstream import auth_headers
+
+__all__ = ["SetupWatch"]
+
+PROPS_TIMEOUT_S = 5.0
+DECODE_CHECK_EVERY = 50
+"""Records between two looks at the tool-vs-chat decode rates (for the log line)."""
+
+
+class SetupWatch:
+    """The template's capabilities and the setup findings of one proxy."""
+
+    def __init__(self, upstream_url: str, log: Any, api_key: str | None = None) -> None:
+        self._url = upstream_url.rstrip("/") + "/props"
+        self._headers = auth_headers(api_key)
+        self._log = log
+        self.findings = SetupFindings()
+        self.caps: TemplateCaps | None = None
+        """The latest ``/props`` answer's template capabilities (``None`` until read)."""
+        self._session: aiohttp.ClientSession | None = None
+        self._last_model: str | None = None
+        self._warned: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._seen = 0
+
+    def attach(self, session: aiohttp.ClientSession) -> None:
+        """Read ``/props`` through ``session`` from now on."""
+        self._session = session
+
+    async def close(self) -> None:
+        """Stop: cancel a ``/props`` read in flight."""
+        self._session = None
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def probe(self) -> TemplateCaps | None:
+        """GET ``/props`` once; warn (once per model) when the template drops tools."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.get(
+                self._url,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=PROPS_TIMEOUT_S),
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                caps = TemplateCaps.from_props(orjson.loads(await resp.read()))
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return None
+        self.caps = caps
+        model = caps.model or "unknown"
+        self.findings.template_drops_tools[model] = caps.drops_tools
+        if caps.drops_tools:
+            self._warn_once(SetupCause.TOOLS_NEVER_REACH_MODEL, model, source="/props")
+        return caps
+
+    def _warn_once(self, cause: SetupCause, model: str, **extra: Any) -> None:
+        key = (str(cause), model)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        self._log.warning(
+            "setup_finding", cause=str(cause), model=model, fix=SETUP_FIXES[cause], **extra
+        )
+
+    def sink(self, record: Record, facts: RequestFacts, obs: Observation | None) -> None:
+        """Record sink: count the record's setup causes (a new one is logged once), and read
+        ``/props`` again when the served model changed."""
+        for cause, model in self.findings.add(record, limit_known=facts.body is not None):
+            self._warn_once(cause, model, id=record.id)
+        self._seen += 1
+        if self._seen % DECODE_CHECK_EVERY == 0:
+            for found in self.findings.findings():
+                if found["cause"] == SetupCause.TOOL_DECODE_SLOWER:
+                    self._warn_once(
+                        SetupCause.TOOL_DECODE_SLOWER, found["model"], **found["detail"]
+                    )
+        if record.model is not None and record.model != self._last_model:
+            if self._last_model is not None:
+                _ = spawn(self.probe(), self._tasks)
+            self._last_model = record.model
+
+    def snapshot(self) -> dict[str, Any]:
+        """The template's capabilities as last read, for ``/stats``."""
+        caps = self.caps
+        return {
+            "supports_tools": caps.supports_tools if caps else None,
+            "supports_tool_calls": caps.supports_tool_calls if caps else None,
+            "model": caps.model if caps else None,
+        }

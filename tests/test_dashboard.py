@@ -886,3 +886,44 @@ async def test_dashboard_hatches_the_image_part_of_the_prefill(
     )
     assert "1 from the cache" in title
     assert errors == []
+
+
+async def test_dashboard_shows_setup_findings_first_and_only_when_present(
+    make_proxy: ProxyFactory, browser: Browser
+) -> None:
+    """/stats findings of category setup fill the "fix these first" card, one row per cause
+    and model with its fix (markup as text); cache findings are not in it; with none the
+    card stays hidden."""
+    records = _synthetic_records(5)
+    stats = orjson.loads(_stats_doc(records))
+    stats["findings"] = [
+        {
+            "category": "setup",
+            "cause": "tools_never_reach_model",
+            "model": "gemma<b>",
+            "requests": 5,
+            "tokens": 240,
+            "ms": 4210.0,
+            "detail": {},
+            "fix": "start llama-server with --jinja <i>and</i> a tool template",
+        },
+        {"category": "cache", "cause": "tools_changed", "requests": 2, "fix": "same tools"},
+    ]
+    proxy = await make_proxy("http://127.0.0.1:9")
+    page = await _new_page(browser)
+    errors = _watch(page)
+    await page.route("**/stats", _serve(orjson.dumps(stats)))
+    await page.goto(proxy.admin_url + "/dashboard")
+    await page.wait_for_selector('#setup tr[data-cause="tools_never_reach_model"]', timeout=5000)
+    assert await page.is_visible("#setup")
+    rows = page.locator("#setupbody tr[data-cause]")
+    assert await rows.count() == 1
+    text = await rows.first.text_content() or ""
+    assert "gemma<b>" in text and "4.21 s" in text and "--jinja <i>and</i>" in text
+    assert await page.locator("#setupbody b, #setupbody i").count() == 0
+    quiet = await _new_page(browser)
+    await quiet.route("**/stats", _serve(_stats_doc(records)))
+    await quiet.goto(proxy.admin_url + "/dashboard")
+    await quiet.wait_for_selector(f'.row[data-id="{records[-1].id}"]', timeout=5000)
+    assert not await quiet.is_visible("#setup")
+    assert errors == []

@@ -16,7 +16,9 @@ from multidict import CIMultiDict
 
 __all__ = [
     "HOP_BY_HOP",
+    "REQUEST_DROP",
     "REQUEST_ID_HEADER",
+    "request_drop",
     "request_headers",
     "response_headers",
 ]
@@ -61,13 +63,26 @@ def _filter(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> CIMulti
     return out
 
 
-def request_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+REQUEST_DROP: frozenset[str] = HOP_BY_HOP | _FRAMING | _REQUEST_ONLY
+"""Request headers that never reach the upstream (lower case)."""
+
+
+def request_drop(*proxy_own: str) -> frozenset[str]:
+    """:data:`REQUEST_DROP` and the proxy's own request headers (the annotate header: it
+    is addressed to the proxy, not to llama-server), for :func:`request_headers`."""
+    return REQUEST_DROP | {name.lower() for name in proxy_own}
+
+
+def request_headers(
+    headers: Iterable[tuple[str, str]], drop: frozenset[str] = REQUEST_DROP
+) -> CIMultiDict[str]:
     """Return the agent's end-to-end request headers to send upstream, in their order.
 
     ``Authorization`` and ``X-Api-Key`` pass unchanged. ``Accept-Encoding`` is forced to
-    ``identity`` so that the upstream never compresses what the framer must read.
+    ``identity`` so that the upstream never compresses what the framer must read. ``drop``
+    names (lower case) what never crosses: :func:`request_drop` adds the proxy's own.
     """
-    out = _filter(headers, HOP_BY_HOP | _FRAMING | _REQUEST_ONLY)
+    out = _filter(headers, drop)
     out["Accept-Encoding"] = "identity"
     return out
 

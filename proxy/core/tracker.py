@@ -243,6 +243,14 @@ class StreamTracker:
                 self._read_body()
         except Exception as exc:
             self._analysis_error = self._analysis_error or f"tracker: {type(exc).__name__}"
+        return self._observation(oversized)
+
+    def peek(self) -> Observation:
+        """What was seen so far, ending nothing: the events complete so far (an event still
+        unterminated is not read, a plain body is not read before :meth:`finish`)."""
+        return self._observation(self._framer.oversized if self._framer is not None else 0)
+
+    def _observation(self, oversized: int) -> Observation:
         calls = tuple(
             ToolCall(i, c.name, "".join(c.arguments)) for i, c in sorted(self._calls.items())
         )

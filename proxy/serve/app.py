@@ -115,6 +115,7 @@ def _relay_settings(config: Config) -> RelaySettings:
         header_timeout_s=config.upstream.header_timeout_s,
         idle_timeout_s=config.upstream.idle_timeout_s,
         write_timeout_s=config.client.write_timeout_s,
+        annotate=config.annotate,
     )
 
 

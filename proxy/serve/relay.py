@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -25,10 +25,13 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
+from proxy.config import AnnotateConfig
+from proxy.core.annotate import ANCHORS, Splitter, annotation, comment, server_timing
 from proxy.core.assemble import Exchange, build_record
-from proxy.core.headers import REQUEST_ID_HEADER, request_headers, response_headers
+from proxy.core.headers import REQUEST_ID_HEADER, request_drop, request_headers, response_headers
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.request import RequestFacts, analyse_request
+from proxy.core.schema import schema_cost
 from proxy.core.timestamps import iso_utc
 from proxy.core.tracker import Observation, StreamTracker
 from proxy.serve.accounting import Accounting, Pending
@@ -50,6 +53,7 @@ class RelaySettings:
     header_timeout_s: float = 0.0
     idle_timeout_s: float = 300.0
     write_timeout_s: float = 60.0
+    annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
 
 class _Abort(Exception):
@@ -92,6 +96,10 @@ class _Flight:
     accounting_error: str | None = None
     outcome: Outcome = Outcome.COMPLETED
     error: str | None = None
+    annotate: bool = False
+    observation: Observation | None = None
+    """Set when the body was read whole before the headers (for ``Server-Timing``)."""
+    annotate_error: str | None = None
 
 
 class Relay:
@@ -116,6 +124,11 @@ class Relay:
         self._base = settings.upstream.rstrip("/")
         self._on_record = on_record
         self._clock = clock
+        annotate = settings.annotate
+        self._annotate_all = annotate.mode == "sse-comment"
+        self._annotate_header = annotate.header
+        self._hold_max = annotate.server_timing_max_bytes
+        self._request_drop = request_drop(annotate.header)
         self.shutting_down = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -154,6 +167,7 @@ class Relay:
             return self._refuse(flight, abort)
         flight.request_bytes = len(body)
         flight.facts = analyse_request(request.method, request.path, body)
+        flight.annotate = self._annotates(request, flight.facts)
         if self._accounting is not None:
             # on the loop's next turn, once the request below is on its way: hashing a long
             # conversation for the look-ups' cache never delays the agent's request
@@ -171,7 +185,7 @@ class Relay:
                 upstream = await session.request(
                     request.method,
                     url,
-                    headers=request_headers(request.headers.items()),
+                    headers=request_headers(request.headers.items(), self._request_drop),
                     data=body if body else None,
                     allow_redirects=False,
                     skip_auto_headers=_NO_AUTO_HEADERS,
@@ -231,54 +245,24 @@ class Relay:
         resp.headers[REQUEST_ID_HEADER] = flight.id
         if upstream.content_length is not None and request.method != "HEAD":
             resp.content_length = flight.expected_bytes = upstream.content_length
-        try:
-            await resp.prepare(request)
-        except (ValueError, UnicodeEncodeError) as exc:  # aiohttp refuses to write the header
-            return self._refuse(
-                flight,
-                _Abort(
-                    Outcome.UPSTREAM_UNREACHABLE,
-                    502,
-                    f"upstream sent a header that cannot be relayed: {type(exc).__name__}",
-                ),
-            )
-        flight.headers_sent = True
-        read = upstream.content.readany
-        write = resp.write
-        clock = self._clock
         idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
         deadlines = Deadlines(
             idle, write_timeout, Outcome.UPSTREAM_IDLE_TIMEOUT, Outcome.CLIENT_STALLED
         )
         try:
-            while True:
-                deadlines.reading()
-                try:
-                    chunk = await read()
-                except aiohttp.ClientError as exc:
-                    return self._cut(
-                        request,
-                        resp,
-                        flight,
-                        Outcome.UPSTREAM_CLOSED_MID_STREAM,
-                        type(exc).__name__,
-                    )
-                if not chunk:
-                    break
-                arrived = clock()  # before the write, which may yield to other tasks
-                deadlines.writing()
-                try:
-                    await write(chunk)
-                except ConnectionError:
-                    flight.outcome = _client_gone(flight)
+            # annotation is decided once per request, and the loop chosen once
+            if flight.annotate and not sse and self._holds(flight):
+                return await self._relay_held(request, upstream, resp, flight, deadlines)
+            refused = await self._prepare(request, resp, flight)
+            if refused is not None:
+                return refused
+            if flight.annotate and sse:
+                splitter = Splitter(ANCHORS.get(flight.facts.api))
+                if not await self._relay_annotated(
+                    request, upstream, resp, flight, deadlines, splitter
+                ):
                     return resp
-                tracker.feed(chunk, arrived)
-            deadlines.idle()
-            try:
-                await resp.write_eof()
-            except ConnectionError:
-                flight.outcome = _client_gone(flight)
-            return resp
+            return await self._relay_body(request, upstream, resp, flight, deadlines)
         except asyncio.CancelledError:
             if not deadlines.expired_cancel():
                 raise
@@ -294,6 +278,268 @@ class Relay:
             )
         finally:
             deadlines.stop()
+
+    async def _prepare(
+        self, request: web.Request, resp: web.StreamResponse, flight: _Flight
+    ) -> web.Response | None:
+        """Send the response's headers; an error response instead when aiohttp refuses."""
+        try:
+            await resp.prepare(request)
+        except (ValueError, UnicodeEncodeError) as exc:  # aiohttp refuses to write the header
+            return self._refuse(
+                flight,
+                _Abort(
+                    Outcome.UPSTREAM_UNREACHABLE,
+                    502,
+                    f"upstream sent a header that cannot be relayed: {type(exc).__name__}",
+                ),
+            )
+        flight.headers_sent = True
+        return None
+
+    async def _relay_body(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        resp: web.StreamResponse,
+        flight: _Flight,
+        deadlines: Deadlines[Outcome],
+    ) -> web.StreamResponse:
+        """The hot path: each upstream read written at once, then fed to the tracker."""
+        read = upstream.content.readany
+        write = resp.write
+        clock = self._clock
+        tracker = flight.tracker
+        assert tracker is not None
+        while True:
+            deadlines.reading()
+            try:
+                chunk = await read()
+            except aiohttp.ClientError as exc:
+                return self._cut(
+                    request,
+                    resp,
+                    flight,
+                    Outcome.UPSTREAM_CLOSED_MID_STREAM,
+                    type(exc).__name__,
+                )
+            if not chunk:
+                break
+            arrived = clock()  # before the write, which may yield to other tasks
+            deadlines.writing()
+            try:
+                await write(chunk)
+            except ConnectionError:
+                flight.outcome = _client_gone(flight)
+                return resp
+            tracker.feed(chunk, arrived)
+        deadlines.idle()
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            flight.outcome = _client_gone(flight)
+        return resp
+
+    async def _relay_annotated(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        resp: web.StreamResponse,
+        flight: _Flight,
+        deadlines: Deadlines[Outcome],
+        splitter: Splitter,
+    ) -> bool:
+        """An annotated event stream up to its comment line (or to its end); then the hot
+        path relays the rest. False: the exchange ended here (cut, or the agent left)."""
+        read = upstream.content.readany
+        clock = self._clock
+        while True:
+            deadlines.reading()
+            try:
+                chunk = await read()
+            except aiohttp.ClientError as exc:
+                held, _ = splitter.end()  # no byte is kept from the agent, even now
+                await self._send(resp, flight, deadlines, held, held, clock())
+                self._cut(
+                    request, resp, flight, Outcome.UPSTREAM_CLOSED_MID_STREAM, type(exc).__name__
+                )
+                return False
+            if not chunk:
+                return await self._annotate_end(request, resp, flight, deadlines, splitter)
+            arrived = clock()
+            now, rest = splitter.split(chunk)
+            if not await self._send(resp, flight, deadlines, now, now, arrived):
+                return False
+            if rest is not None:
+                note = self._annotation(request, flight)  # the tracker has read every event before
+                return await self._send(resp, flight, deadlines, note + rest, rest, arrived)
+
+    async def _annotate_end(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        flight: _Flight,
+        deadlines: Deadlines[Outcome],
+        splitter: Splitter,
+    ) -> bool:
+        """The stream ended without its anchor: the bytes held back, then the comment when
+        the stream ended at an event boundary (a stream cut short gets none)."""
+        held, boundary = splitter.end()
+        if held:
+            return await self._send(resp, flight, deadlines, held, held, self._clock())
+        if boundary:
+            return await self._send(
+                resp, flight, deadlines, self._annotation(request, flight), b"", 0.0
+            )
+        return True
+
+    @staticmethod
+    async def _send(
+        resp: web.StreamResponse,
+        flight: _Flight,
+        deadlines: Deadlines[Outcome],
+        data: bytes,
+        fed: bytes,
+        arrived: float,
+    ) -> bool:
+        """Write ``data``, then feed ``fed`` (the upstream's bytes in it) to the tracker.
+        False: the agent is gone."""
+        if data:
+            deadlines.writing()
+            try:
+                await resp.write(data)
+            except ConnectionError:
+                flight.outcome = _client_gone(flight)
+                return False
+        if fed and flight.tracker is not None:
+            flight.tracker.feed(fed, arrived)
+        return True
+
+    def _annotation(self, request: web.Request, flight: _Flight) -> bytes:
+        """The comment line: the record's fields as they stand (never raises: no line)."""
+        try:
+            record = self._record_now(request, flight)
+            return comment(annotation(record, self._schema_now(flight, record)))
+        except Exception as exc:  # the annotation must never disturb the relay
+            flight.annotate_error = f"annotate: {type(exc).__name__}"
+            return b""
+
+    def _record_now(
+        self, request: web.Request, flight: _Flight, obs: Observation | None = None
+    ) -> Record:
+        """The record as it would be if the exchange completed now."""
+        if obs is None and flight.tracker is not None:
+            obs = flight.tracker.peek()
+        exchange = Exchange(
+            id=flight.id,
+            ts=flight.ts,
+            method=request.method,
+            path=request.path,
+            status=flight.status,
+            outcome=Outcome.COMPLETED,
+            end_s=self._clock() - flight.t0,
+            request_bytes=flight.request_bytes,
+        )
+        return build_record(exchange, flight.facts, obs)
+
+    def _schema_now(self, flight: _Flight, record: Record) -> dict[str, Any]:
+        """The schema fields when the accounting's look-up is done, else its state:
+        ``none`` (no look-up: no tools, or accounting off), ``pending``, ``failed``."""
+        pending = flight.pending if self._accounting is not None else None
+        task = pending.schema if pending is not None else None
+        if task is None:
+            return {"accounting": "none"}
+        if not task.done():
+            return {"accounting": "pending"}
+        if task.cancelled() or task.exception() is not None:
+            return {"accounting": "failed"}
+        info = task.result()
+        cost = schema_cost(
+            info.tokens, info.layout, record.cache_n, record.prompt_n, record.prefill_ms
+        )
+        return {
+            "accounting": "done",
+            "schema_tokens": info.tokens,
+            "schema_cached": cost.cached,
+            "schema_prefill_ms": cost.prefill_ms,
+        }
+
+    def _annotates(self, request: web.Request, facts: RequestFacts) -> bool:
+        """Whether this request is annotated: a model turn of a known API, with the header
+        at ``1`` or the mode on (and the header not ``0``)."""
+        if facts.api == "other":
+            return False
+        flag = request.headers.get(self._annotate_header)
+        if flag is None:
+            return self._annotate_all
+        flag = flag.strip()
+        return flag == "1" or (self._annotate_all and flag != "0")
+
+    def _holds(self, flight: _Flight) -> bool:
+        """A non-streamed body is held for ``Server-Timing`` only when its size is known
+        and small enough."""
+        size = flight.expected_bytes
+        return size is not None and self._hold_max > 0 and size <= self._hold_max
+
+    async def _relay_held(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        resp: web.StreamResponse,
+        flight: _Flight,
+        deadlines: Deadlines[Outcome],
+    ) -> web.StreamResponse:
+        """A small plain body read whole before the headers go out, with ``Server-Timing``
+        on them. A failure while reading relays what came, as the hot path would have."""
+        tracker = flight.tracker
+        assert tracker is not None
+        chunks: list[bytes] = []
+        failure: str | None = None
+        read = upstream.content.readany
+        while True:
+            deadlines.reading()
+            try:
+                chunk = await read()
+            except aiohttp.ClientError as exc:
+                failure = type(exc).__name__
+                break
+            if not chunk:
+                break
+            tracker.feed(chunk, self._clock())
+            chunks.append(chunk)
+        deadlines.idle()
+        if failure is None:
+            self._add_server_timing(request, resp, flight)
+        refused = await self._prepare(request, resp, flight)
+        if refused is not None:
+            return refused
+        body = b"".join(chunks)
+        # the tracker saw every byte already: until the agent has them all, a hang-up is
+        # no completed exchange
+        size, flight.expected_bytes = flight.expected_bytes, None
+        if body and not await self._send(resp, flight, deadlines, body, b"", 0.0):
+            return resp
+        flight.expected_bytes = size
+        if failure is not None:
+            return self._cut(request, resp, flight, Outcome.UPSTREAM_CLOSED_MID_STREAM, failure)
+        deadlines.idle()
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            flight.outcome = _client_gone(flight)
+        return resp
+
+    def _add_server_timing(
+        self, request: web.Request, resp: web.StreamResponse, flight: _Flight
+    ) -> None:
+        """The whole body is in: the tracker's last word, and the header from it."""
+        assert flight.tracker is not None
+        try:
+            obs = flight.observation = flight.tracker.finish()
+            record = self._record_now(request, flight, obs)
+            resp.headers["Server-Timing"] = server_timing(record, record.e2e_ms)
+        except Exception as exc:  # the annotation must never disturb the relay
+            flight.annotate_error = f"annotate: {type(exc).__name__}"
 
     def _refuse(self, flight: _Flight, abort: _Abort) -> web.Response:
         flight.outcome, flight.status, flight.error = abort.outcome, abort.status, str(abort)
@@ -344,7 +590,9 @@ class Relay:
             flight.accounting_error = f"begin: {type(exc).__name__}"
 
     def _finish(self, request: web.Request, flight: _Flight) -> None:
-        obs = flight.tracker.finish() if flight.tracker is not None else None
+        obs = flight.observation
+        if obs is None and flight.tracker is not None:
+            obs = flight.tracker.finish()
         exchange = Exchange(
             id=flight.id,
             ts=flight.ts,
@@ -357,6 +605,8 @@ class Relay:
             error=flight.error,
         )
         record = build_record(exchange, flight.facts, obs)
+        if flight.annotate_error is not None and record.analysis_error is None:
+            record = dataclasses.replace(record, analysis_error=flight.annotate_error)
         if flight.accounting_error is not None:
             record = dataclasses.replace(record, accounting_error=flight.accounting_error)
         pending = flight.pending if self._accounting is not None else None

@@ -87,14 +87,18 @@ def started_llama_server(
     log_dir: Path,
     extra_args: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
+    *,
+    own_template: bool = False,
 ) -> Iterator[LlamaServer]:
     """A started llama-server (one slot, 4096 ctx, --metrics) with ``extra_args`` added,
     stopped on exit; a fallback to ``--no-repack`` after a start-up crash shows in ``log``.
-    Failing to start is a test failure, never a skip (the artefacts are provisioned)."""
+    ``own_template`` serves the model's own chat template (Gemma 3's, which ignores tools)
+    instead of the provisioned Qwen3 one. Failing to start is a test failure, never a skip
+    (the artefacts are provisioned)."""
     server = LlamaServer(
         artifacts.binary,
         artifacts.model,
-        artifacts.template,
+        None if own_template else artifacts.template,
         extra_args=extra_args,
         log_dir=log_dir,
         log=log,

@@ -1,4 +1,4 @@
-"""Command line: ``timing-proxy serve|report|bench|demo``. Parsing only; no business logic.
+"""Command line: ``timing-proxy serve|report|bench|demo|explain``. Parsing only; no business logic.
 
 A failure the user can cause (bad config, unreadable log, a port in use, a llama-server that
 will not start, a failed provisioning step) ends as one line, ``timing-proxy: error: ...``
@@ -15,6 +15,7 @@ from typing import Any
 
 from proxy import __version__
 from proxy.commands.demo import DemoError
+from proxy.commands.explain import ExplainError
 from proxy.commands.provision import LlamaServerError, ProvisionError
 from proxy.commands.report import ReportError
 from proxy.config import ConfigError, load_config, parse_listen
@@ -29,9 +30,25 @@ USER_ERRORS = (
     ProvisionError,
     LlamaServerError,
     DemoError,
+    ExplainError,
     OSError,
 )
 """Failures the user can cause and fix: reported in one line, without a traceback."""
+
+EXPLAIN_EPILOG = """\
+example, against a llama-server already running on port 8080:
+  timing-proxy explain --upstream http://127.0.0.1:8080 --runs 3 --json explain.json
+
+Each term is two variants of the same request sent back to back, repeated --runs times:
+  schema prefill    with the tools vs without, cache cold (beside the record's estimate)
+  free fix          with the tools, cache warm (same prefix sent just before) vs cold
+  tool-path decode  the call through Chat Completions vs the same prompt rendered by the
+                    served template and completed raw on /completion (same call required)
+  thinking          enable_thinking true vs false, where the template has the switch
+  image             with vs without the image, cache cold (server with a projector)
+A difference within its spread (the IQR of the paired differences) is printed as
+"not measurable here". No setting of the server is changed.
+"""
 
 LLAMA_ARG_HELP = (
     "extra llama-server argument, repeatable; write it with '=' so a leading dash is kept: "
@@ -96,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="provision llama-server + Gemma 3 270M, run everything")
     demo.add_argument("--llama-server", help="your own llama-server binary")
     demo.add_argument("--model", help="your own GGUF model")
+    demo.add_argument(
+        "--chat-template-file",
+        metavar="PATH",
+        help="Jinja chat template passed to llama-server (a tool-capable one for your model)",
+    )
     demo.add_argument("--runs", type=int, default=1, help="bench runs (default 1)")
     demo.add_argument("--port", type=int, default=8081, help="proxy port (default 8081)")
     demo.add_argument(
@@ -116,7 +138,29 @@ def _parser() -> argparse.ArgumentParser:
         dest="llama_args",
         help=LLAMA_ARG_HELP,
     )
+    _explain_parser(sub)
     return parser
+
+
+def _explain_parser(sub: Any) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="measure what each cause costs on this board: schema, cache, tool path, thinking",
+        description="An experiment against a running llama-server (direct, or through the\n"
+        "proxy): controlled variants of the prompt set's tool requests, interleaved, and\n"
+        "for each term the measured difference with its spread.",
+        epilog=EXPLAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument(
+        "--upstream",
+        default="http://127.0.0.1:8080",
+        help="llama-server base URL (default http://127.0.0.1:8080)",
+    )
+    explain.add_argument("--prompts", help="prompt set, TOML or JSON (default: the robot set)")
+    explain.add_argument("--runs", type=int, default=3, help="how many runs (default 3)")
+    explain.add_argument("--json", metavar="PATH", help="write every measurement to this file")
+    explain.add_argument("--model", default="default", help="model name sent in requests")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -224,8 +268,29 @@ def _demo(args: argparse.Namespace) -> int:
             out_dir=args.out,
             wait=not args.no_wait,
             llama_args=tuple(args.llama_args),
+            chat_template_file=args.chat_template_file,
         )
     )
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from proxy.commands.bench import load_prompts
+    from proxy.commands.explain import ExplainOptions, run_explain
+
+    try:
+        prompts = load_prompts(args.prompts)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExplainError(f"{args.prompts}: not a prompt set ({exc})") from None
+    run_explain(
+        ExplainOptions(
+            upstream=args.upstream,
+            prompts=prompts,
+            runs=args.runs,
+            model=args.model,
+            json_path=args.json,
+        )
+    )
+    return 0
 
 
 def error_line(exc: BaseException) -> str:
@@ -247,7 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``timing-proxy`` script and ``python -m proxy``."""
     args = _parser().parse_args(argv)
     try:
-        command = {"serve": _serve, "report": _report, "bench": _bench, "demo": _demo}
+        command = {
+            "serve": _serve,
+            "report": _report,
+            "bench": _bench,
+            "demo": _demo,
+            "explain": _explain,
+        }
         return command[args.command](args)
     except USER_ERRORS as exc:
         print(f"timing-proxy: error: {error_line(exc)}", file=sys.stderr)

@@ -4,12 +4,17 @@ starts both servers, runs a short bench through the proxy, prints the report and
 everything running with the URLs printed until Ctrl-C.
 
 llama-server gets the user's extra arguments (``--llama-arg``) and names the model by its
-file's stem (``--alias``); a failure the user can act on is a ``DemoError``,
-``LlamaServerError`` or ``ProvisionError`` whose first line says what to do.
+file's stem (``--alias``). The provisioned model gets the provisioned Qwen3 template (Gemma 3's
+own ignores tools); a model of the user's own (``--model``) keeps its own template unless
+``--chat-template-file`` gives one. Either way the served template's tool support is read from
+``/props`` at start, and a template without it is said in one line with the fix. A failure
+the user can act on is a ``DemoError``, ``LlamaServerError`` or ``ProvisionError`` whose
+first line says what to do.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -18,10 +23,11 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from proxy.commands.ports import port_or_free
 
-__all__ = ["DemoError", "DemoOptions", "run_demo"]
+__all__ = ["DemoError", "DemoOptions", "read_props", "run_demo", "tool_support_line"]
 
 
 class DemoError(RuntimeError):
@@ -42,6 +48,35 @@ class DemoOptions:
     wait: bool = True
     llama_args: tuple[str, ...] = ()
     """Extra llama-server arguments, appended to the demo's own (``--no-repack``, ...)."""
+    chat_template_file: str | None = None
+    """A Jinja chat template for llama-server (``--chat-template-file``)."""
+
+
+def tool_support_line(props: dict[str, Any]) -> str | None:
+    """The one line for a served template without tool support (``/props``
+    ``chat_template_caps``), with the fix; ``None`` when it supports tools and tool calls."""
+    caps = props.get("chat_template_caps") or {}
+    tools, calls = caps.get("supports_tools"), caps.get("supports_tool_calls")
+    if tools and calls:
+        return None
+    what = (
+        "drops the tools: they never reach the model"
+        if not tools
+        else "renders the tools but has no tool-call format: calls come back as text"
+    )
+    return (
+        f"warning: llama-server's chat template {what} (/props chat_template_caps."
+        f"supports_tools {str(bool(tools)).lower()}, supports_tool_calls "
+        f"{str(bool(calls)).lower()}); fix: --chat-template-file PATH with a tool-capable "
+        "template (the model's own tool-use template, or a Qwen3 / Hermes one)"
+    )
+
+
+def read_props(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """llama-server's ``GET /props``."""
+    with urllib.request.urlopen(url.rstrip("/") + "/props", timeout=timeout) as resp:
+        props: dict[str, Any] = json.loads(resp.read())
+        return props
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -63,6 +98,27 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
             time.sleep(0.1)
 
 
+def _template(opts: DemoOptions, provisioned: Callable[[], Path]) -> Path | None:
+    """The chat template llama-server gets: the user's file, else for the provisioned model
+    the provisioned Qwen3 one (Gemma 3's own ignores tools), else the model's own (None)."""
+    if opts.chat_template_file:
+        template = Path(opts.chat_template_file)
+        if not template.is_file():
+            raise DemoError(f"--chat-template-file {template}: no such file")
+        return template
+    return None if opts.model else provisioned()
+
+
+def _say_tool_support(url: str, say: Callable[[str], None]) -> None:
+    """Say in one line when the served template has no tool support."""
+    try:
+        warning = tool_support_line(read_props(url))
+    except (OSError, ValueError):
+        return  # a server without /props: nothing to say about its template
+    if warning:
+        say(warning)
+
+
 def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
     """Run the demo; returns the exit code."""
     from proxy.commands.bench import run_bench
@@ -80,8 +136,7 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
 
     binary = Path(opts.llama_server) if opts.llama_server else ensure_llama_server(log=log)
     model = Path(opts.model) if opts.model else ensure_model(log=log)
-    # Gemma 3's own template ignores tools: the default model gets a tool-capable one.
-    template = None if opts.model else chat_template_path(log=log)
+    template = _template(opts, lambda: chat_template_path(log=log))
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     llama = LlamaServer(
@@ -95,6 +150,7 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> int:
     )
     say(f"starting llama-server on {llama.url} ...")
     llama.start(timeout=180)
+    _say_tool_support(llama.url, say)
     port = port_or_free(opts.listen_port)
     admin_port = port_or_free(opts.admin_port)
     proxy_url = f"http://127.0.0.1:{port}"

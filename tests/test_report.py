@@ -28,7 +28,7 @@ from proxy.core.findings import FIXES, Cause, Finding
 from proxy.core.numbers import figure_or_dash
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, ModelMeta
-from proxy.core.stats import APIS, SUMMARY_FIELDS, Stats, percentile
+from proxy.core.stats import ALPHA, APIS, SUMMARY_FIELDS, Stats, percentile
 
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
 SEED_RUN_MEDIANS = [2070.0, 2061.0, 2066.0]  # ms, the seed's three reruns
@@ -395,11 +395,20 @@ class TestBuildReport:
         assert tool["tool_call_tokens"]["p50"] == 10
 
     def test_kinds_shape_of_stats(self, tmp_path: Path) -> None:
-        """The kinds have /stats's keys and, for the same completed records, its numbers."""
+        """The kinds have /stats's keys and, for the same completed records, its numbers:
+        counts equal, each percentile (exact in the report, from histograms in /stats)
+        within the relative error /stats states, ALPHA, plus both sides' rounding to 0.001;
+        the split percentages within 100·ALPHA points plus their rounding to 0.1. The seed's
+        five tool calls repeated 40 times, each within 10 ms of its first, so that /stats'
+        buckets hold several values."""
         records = [
-            *(tool_call(i, t) for i, t in enumerate(SEED_TOOL_TOTALS)),
-            rec(10, Kind.CHAT, ttft_ms=186.0, prefill_ms=162.0, decode_ms=2300.0, e2e_ms=2500.0),
-            rec(11, Kind.OTHER, e2e_ms=5.0),
+            *(
+                tool_call(5 * n + i, t + (n * 7919 % 21) - 10.0, ttft_ms=820.0 + n % 9)
+                for n in range(40)
+                for i, t in enumerate(SEED_TOOL_TOTALS)
+            ),
+            rec(1000, Kind.CHAT, ttft_ms=186.0, prefill_ms=162.0, decode_ms=2300.0, e2e_ms=2500.0),
+            rec(1001, Kind.OTHER, e2e_ms=5.0),
         ]
         stats = Stats(since="s")
         for r in records:
@@ -407,11 +416,24 @@ class TestBuildReport:
         expected = stats.snapshot()["kinds"]
         report = build_report(load_runs([write_log(tmp_path / "a.jsonl", records)]))
         assert set(report["kinds"]) == set(expected) == {"chat", "tool"}
+
+        def close(got: Any, exact: Any, where: tuple[str, ...]) -> None:
+            if isinstance(exact, dict):
+                for key, value in exact.items():
+                    close(got[key], value, (*where, key))
+            elif where[-1].endswith("_pct") and exact is not None:
+                assert abs(got - exact) <= 100 * ALPHA + 0.1, where
+            elif isinstance(exact, float):
+                assert abs(got - exact) <= ALPHA * abs(exact) + 0.0011, (where, got, exact)
+            else:
+                assert got == exact, where
+
         for kind, summary in expected.items():
             got = report["kinds"][kind]
             assert set(summary) <= set(got)
             for key in ("count", "window", "split", *SUMMARY_FIELDS):
-                assert got[key] == summary[key], (kind, key)
+                close(summary[key], got[key], (kind, key))
+        assert expected["tool"]["window"] == 200
 
     def test_kind_filter(self, tmp_path: Path) -> None:
         """--kind tool keeps only the tool summary; a bad kind is a ReportError."""

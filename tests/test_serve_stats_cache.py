@@ -1,10 +1,9 @@
-"""StatsDocument: the ``/stats`` bytes, built again only when something came in, one field at
-a time with the event loop given back, and once for all readers that arrive meanwhile."""
+"""StatsDocument: the ``/stats`` bytes, built again only when something came in, in one go
+(the histograms need no sort), and once for all readers."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
 from typing import Any
 
 import orjson
@@ -13,8 +12,9 @@ import pytest
 from proxy.core.record import Kind, Record
 from proxy.core.stats import Stats
 from proxy.serve.accounting import Accounting
-from proxy.serve.stats_cache import StatsDocument, in_steps
+from proxy.serve.stats_cache import StatsDocument
 from proxy.serve.tasks import spawn
+from proxy.serve.telemetry import Telemetry
 
 
 def record(i: int) -> Record:
@@ -32,9 +32,33 @@ class CountingStats(Stats):
         super().__init__(since="2026-11-30T00:00:00.000Z", recent=10, window=100)
         self.builds = 0
 
-    def snapshot_steps(self) -> Generator[None, None, dict[str, Any]]:
+    def snapshot(self) -> dict[str, Any]:
         self.builds += 1
-        return super().snapshot_steps()
+        return super().snapshot()
+
+
+class FakeBoard(Telemetry):
+    """A telemetry sampler whose snapshot the test sets."""
+
+    mode = "fake"
+
+    def __init__(self) -> None:
+        self.board: dict[str, Any] = {"mode": "fake", "state": "running", "samples": 1}
+
+    async def start(self) -> None:
+        """Nothing to start."""
+
+    async def close(self) -> None:
+        """Nothing to stop."""
+
+    async def fields(self, t0: float, t1: float, tokens: int | None) -> dict[str, Any]:
+        return {}
+
+    def gauges(self) -> dict[str, float]:
+        return {}
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self.board)
 
 
 @pytest.fixture
@@ -58,7 +82,13 @@ class TestStatsDocument:
         parsed = orjson.loads(first)
         assert parsed["requests"] == 3 and parsed["schemas"] is None
         assert parsed["board"] is None  # no telemetry sampler
-        expected = {**orjson.loads(orjson.dumps(stats.snapshot())), "schemas": None, "board": None}
+        expected = {
+            **orjson.loads(orjson.dumps(stats.snapshot())),
+            "schemas": None,
+            "board": None,
+            "template": None,  # no setup watch
+            "findings": [],
+        }
         assert parsed == expected
 
     async def test_a_new_record_makes_the_next_read_build_again(self, stats: CountingStats) -> None:
@@ -85,16 +115,30 @@ class TestStatsDocument:
         assert stats.builds == 2
 
     async def test_concurrent_readers_share_one_build(self, stats: CountingStats) -> None:
-        """Readers arriving while a build runs wait for it and get its bytes."""
+        """Readers arriving together get the bytes of one build."""
         doc = StatsDocument(stats)
         bodies = await asyncio.gather(*(doc.body(None) for _ in range(5)))
         assert stats.builds == 1
         assert all(b is bodies[0] for b in bodies)
 
-    async def test_the_build_yields_to_the_event_loop_between_fields(
+    async def test_a_board_snapshot_change_makes_the_next_read_build_again(
         self, stats: CountingStats
     ) -> None:
-        """Another task gets turns while the document is built (once per field at least)."""
+        """Any change in the board sampler's snapshot (more samples kept, not only a new
+        state) is in the next document: a reader waiting for the sampler's samples sees
+        them arrive."""
+        board = FakeBoard()
+        doc = StatsDocument(stats)
+        assert orjson.loads(await doc.body(None, board))["board"]["samples"] == 1
+        await doc.body(None, board)
+        assert stats.builds == 1
+        board.board["samples"] = 2
+        assert orjson.loads(await doc.body(None, board))["board"]["samples"] == 2
+        assert stats.builds == 2
+
+    async def test_a_build_does_not_give_the_loop_back(self, stats: CountingStats) -> None:
+        """The document is built in one go (a read of the histograms, no sort): no other
+        task runs during a build, so the document is the state of one instant."""
         turns = 0
         done = asyncio.Event()
 
@@ -104,8 +148,6 @@ class TestStatsDocument:
                 turns += 1
                 await asyncio.sleep(0)
 
-        steps = sum(1 for _ in stats.snapshot_steps())  # how many times a build yields
-        stats.builds = 0
         doc = StatsDocument(stats)
         ticker = spawn(other(), set())
         await asyncio.sleep(0)
@@ -114,18 +156,4 @@ class TestStatsDocument:
         during = turns - before
         done.set()
         await ticker
-        assert steps > 1 and during >= steps
-
-
-async def test_in_steps_returns_the_generators_value() -> None:
-    """``in_steps`` runs every step and returns what the generator returns."""
-    ran: list[int] = []
-
-    def steps() -> Generator[None, None, str]:
-        for i in range(3):
-            ran.append(i)
-            yield
-        return "done"
-
-    assert await in_steps(steps()) == "done"
-    assert ran == [0, 1, 2]
+        assert during == 0 and stats.builds == 1

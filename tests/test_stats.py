@@ -1,18 +1,26 @@
 """Tests for proxy.core.stats: percentiles, per-kind and per-API summaries, upstream errors
-by status and the bounded /stats aggregate."""
+by status, the bounded /stats aggregate, and the error of its histograms against the exact
+percentiles of the same records."""
 
 from __future__ import annotations
 
 import gc
 import json
+import math
+import random
+import tracemalloc
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.stats import (
+    ALPHA,
     APIS,
+    QUANTILES,
     SUMMARY_FIELDS,
     Stats,
     api_name,
@@ -26,6 +34,44 @@ from proxy.core.stats import (
 )
 
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
+ROUNDING = 0.0011
+"""Both sides are rounded to 0.001 (0.0005 each), plus float noise."""
+
+
+def bound(ordered: list[float], q: float) -> float:
+    """How far a /stats percentile may be from ``percentile(ordered, q)``, as stated in
+    proxy.core.stats: ``ALPHA`` times the interpolation of the magnitudes of the two order
+    statistics (``ALPHA * |exact|`` when they have one sign), plus the rounding."""
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    f = pos - lo
+    return ALPHA * ((1 - f) * abs(ordered[lo]) + f * abs(ordered[hi])) + ROUNDING
+
+
+def close(got: float | None, exact: float | None) -> bool:
+    """``got`` is within the stated error of ``exact``, values of one sign (both None is
+    close: no values)."""
+    if got is None or exact is None:
+        return got is None and exact is None
+    return abs(got - exact) <= ALPHA * abs(exact) + ROUNDING
+
+
+def assert_summary_close(got: dict[str, Any], exact: dict[str, Any], where: str = "") -> None:
+    """A /stats kind summary against :func:`summarize_kind` of the same records: the same
+    keys, counts equal, each percentile within the stated error. The split percentages
+    follow from two medians each within ``ALPHA``: off by at most ``100 * ALPHA`` points
+    (twice the worst case, 2·ALPHA·p(1-p) ≤ ALPHA/2), plus their rounding to 0.1."""
+    assert set(got) == set(exact), where
+    for key, value in exact.items():
+        here = f"{where}/{key}"
+        if isinstance(value, dict):
+            assert_summary_close(got[key], value, here)
+        elif key.endswith("_pct") and value is not None:
+            assert abs(got[key] - value) <= 100 * ALPHA + 0.1, (here, got[key], value)
+        elif key in ("p50", "p90", "p99", "prefill_ms", "decode_ms") or "_p50_" in key:
+            assert close(got[key], value), (here, got[key], value)
+        else:
+            assert got[key] == value, (here, got[key], value)
 
 
 def rec(
@@ -207,75 +253,57 @@ class TestStats:
         assert kinds["tool"]["ttft_ms"]["p50"] == 1.0
         assert kinds["chat"]["count"] == 10
 
-    def test_windows_hold_nothing_the_collector_walks(self) -> None:
+    def test_windows_hold_nothing_that_grows_with_the_records(self) -> None:
         """Beyond the ``recent`` records, the windows keep no object the garbage collector
-        tracks, so full windows add nothing to a full collection's pause."""
+        tracks but their fixed arrays, however many records they hold: full windows add
+        nothing to a full collection's pause (whole records made each one about 10 ms)."""
         stats = Stats(since="s", recent=5, window=1000)
         gc.collect()
         before = len(gc.get_objects())
-        for i in range(1000):
-            stats.add(
-                rec(
-                    i,
-                    Kind.TOOL if i % 2 else Kind.CHAT,
-                    ttft_ms=float(i),
-                    prefill_ms=None,
-                    decode_tok_s=12.5,
-                )
-            )
-        gc.collect()
-        # the 5 recent records and what they hold; not the 1,000 window rows
-        assert len(gc.get_objects()) - before < 100
-        assert stats.snapshot()["kinds"]["tool"]["ttft_ms"]["p50"] == 500.0
+        counts = []
+        for batch in range(3):
+            for i in range(1000 * batch, 1000 * (batch + 1)):
+                kind = Kind.TOOL if i % 2 else Kind.CHAT
+                stats.add(rec(i, kind, ttft_ms=float(i), prefill_ms=None, decode_tok_s=12.5))
+            gc.collect()
+            counts.append(len(gc.get_objects()) - before)
+        assert counts[0] == counts[1] == counts[2] < 60
+        assert stats.snapshot()["kinds"]["tool"]["window"] == 1000
 
-    def test_snapshot_in_steps_gives_the_same_document(self) -> None:
-        """snapshot_steps yields once per field of each window (each step sorts one
-        column) and returns exactly what snapshot() returns."""
-        stats = Stats(since="s", window=50)
-        for i in range(80):
-            stats.add(
-                rec(
-                    i,
-                    Kind.TOOL if i % 3 else Kind.CHAT,
-                    ttft_ms=float(i % 17),
-                    prefill_ms=float(i),
-                    cache_n=i,
-                    prompt_tokens=2 * i + 1,
-                )
-            )
-        steps = stats.snapshot_steps()
-        yields = 0
-        doc: dict[str, Any] = {}
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                doc = done.value
-                break
-            yields += 1
-        assert yields == 2 * len(SUMMARY_FIELDS)
-        assert doc == stats.snapshot()
+    def test_memory_stops_growing_once_the_windows_are_full(self) -> None:
+        """Once a window holds ``window`` records, more records (of values it has seen)
+        allocate nothing that stays: the ring is overwritten in place."""
+        stats = Stats(since="s", recent=5, window=500)
 
-    def test_snapshot_steps_keep_the_state_they_started_with(self) -> None:
-        """Records added while a stepwise snapshot is under way neither break it (no
-        mutated-deque error) nor enter it: the document is the state at its start."""
-        stats = Stats(since="s", recent=3, window=5)
-        for i in range(5):
-            stats.add(rec(i, Kind.CHAT, ttft_ms=1.0))
-        steps = stats.snapshot_steps()
-        next(steps)
-        for i in range(5, 20):
-            stats.add(rec(i, Kind.CHAT, ttft_ms=100.0))
-        doc = None
-        while doc is None:
-            try:
-                next(steps)
-            except StopIteration as done:
-                doc = done.value
-        assert doc["requests"] == 5
-        assert doc["kinds"]["chat"]["ttft_ms"]["p99"] == 1.0
-        assert [r["id"] for r in doc["recent"]] == ["r-4", "r-3", "r-2"]
-        assert stats.snapshot()["kinds"]["chat"]["ttft_ms"]["p50"] == 100.0
+        def fill(start: int) -> None:
+            for i in range(start, start + 2000):
+                stats.add(rec(i, Kind.CHAT, ttft_ms=float(i % 700), e2e_ms=float(i % 300)))
+
+        fill(0)
+        tracemalloc.start()
+        try:
+            fill(2000)
+            first, _ = tracemalloc.get_traced_memory()
+            fill(4000)
+            second, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert second - first < 4096
+
+    def test_the_window_is_exactly_the_last_records(self) -> None:
+        """A window covers exactly its last ``window`` completed records: after many values
+        pushed through, three equal ones leave nothing else in any bucket (each percentile
+        is that value, exactly, and ``window`` is 3)."""
+        rng = random.Random(7)
+        stats = Stats(since="s", window=3)
+        for i in range(2000):
+            stats.add(rec(i, Kind.CHAT, ttft_ms=rng.lognormvariate(5, 2), e2e_ms=rng.random()))
+        for i in range(3):
+            stats.add(rec(5000 + i, Kind.CHAT, ttft_ms=7.25, e2e_ms=None))
+        chat = stats.snapshot()["kinds"]["chat"]
+        assert chat["window"] == 3
+        assert chat["ttft_ms"] == {"p50": 7.25, "p90": 7.25, "p99": 7.25}
+        assert chat["e2e_ms"] == {"p50": None, "p90": None, "p99": None}
 
     def test_recent_bounded_newest_first(self) -> None:
         """recent keeps the last N records whole, newest first."""
@@ -406,18 +434,6 @@ class TestOnlyCompletedLatencies:
         assert doc["kinds"]["tool"]["count"] == 2
 
 
-def run_steps(stats: Stats) -> tuple[int, dict[str, Any]]:
-    """How many times ``stats.snapshot_steps()`` yields, and the document it returns."""
-    steps = stats.snapshot_steps()
-    yields = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return yields, done.value
-        yields += 1
-
-
 def two_apis() -> tuple[Stats, list[Record]]:
     """A Stats fed completed chat and tool records of two APIs with different timings
     (Responses slower), interleaved, and the records."""
@@ -444,7 +460,8 @@ class TestPerApi:
 
     def test_each_api_is_summarised_over_its_own_records(self) -> None:
         """Each API's chat and tool summaries are summarize_kind over that API's completed
-        records of the kind (count and window included); the kinds stay across APIs."""
+        records of the kind (count and window equal, percentiles within the stated error);
+        the kinds stay across APIs."""
         stats, records = two_apis()
         doc = stats.snapshot()
         assert list(doc["by_api"]) == ["chat_completions", "responses"]
@@ -455,9 +472,10 @@ class TestPerApi:
             for kind in (Kind.CHAT, Kind.TOOL):
                 of_kind = [r for r in mine if r.kind is kind]
                 expected = {**summarize_kind(of_kind), "window": len(of_kind)}
-                assert entry["kinds"][str(kind)] == expected
+                assert_summary_close(entry["kinds"][str(kind)], expected, f"{api}/{kind}")
         assert doc["kinds"]["tool"]["count"] == sum(1 for r in records if r.kind is Kind.TOOL)
-        assert doc["kinds"]["tool"]["ttft_ms"] == summarize(records)["tool"]["ttft_ms"]
+        tool = {**summarize(records)["tool"], "window": doc["kinds"]["tool"]["window"]}
+        assert_summary_close(doc["kinds"]["tool"], tool, "tool")
 
     def test_only_apis_with_requests_are_listed(self) -> None:
         """An API with no request is absent; one with only ``other`` requests (the
@@ -516,18 +534,17 @@ class TestPerApi:
         assert (tool["count"], tool["window"]) == (3, 1)
         assert tool["e2e_ms"] == {"p50": 900.0, "p90": 900.0, "p99": 900.0}
 
-    def test_one_api_costs_no_extra_sort(self) -> None:
-        """While one API serves every request its summaries are the kinds' (but for
-        ``count``, which counts that API's requests): the snapshot yields once per field of
-        the two kind windows only."""
+    def test_one_api_shares_the_kinds_window(self) -> None:
+        """While one API serves every completed record of a kind its summaries are the
+        kinds' (but for ``count``, which counts that API's requests), and no second window
+        is kept for it."""
         stats = Stats(since="s", window=10)
         for i in range(30):
             kind = Kind.TOOL if i % 2 else Kind.CHAT
             outcome = Outcome.CLIENT_CLOSED if i % 7 == 0 else Outcome.COMPLETED
             stats.add(rec(i, kind, outcome, api="messages", ttft_ms=float(i)))
         stats.add(rec(99, Kind.CHAT, Outcome.UPSTREAM_ERROR, api="responses", status=500))
-        yields, doc = run_steps(stats)
-        assert yields == 2 * len(SUMMARY_FIELDS)
+        doc = stats.snapshot()
         kinds = doc["by_api"]["messages"]["kinds"]
         for name in ("chat", "tool"):
             assert {k: v for k, v in kinds[name].items() if k != "count"} == {
@@ -535,15 +552,55 @@ class TestPerApi:
             }
         assert kinds["chat"]["count"] == doc["kinds"]["chat"]["count"] - 1
         assert doc["by_api"]["responses"]["kinds"]["chat"]["window"] == 0
-        assert doc == stats.snapshot()
+        assert stats._api_windows == {}
 
-    def test_several_apis_sort_each_window_in_steps(self) -> None:
-        """With two APIs each window of each API's kind is sorted in its own steps (one per
-        field), and the stepwise document equals snapshot()."""
-        stats, _ = two_apis()
-        yields, doc = run_steps(stats)
-        assert yields == (2 + 2 * 2) * len(SUMMARY_FIELDS)
-        assert doc == stats.snapshot()
+    def test_a_second_api_splits_the_windows(self) -> None:
+        """When a second API serves a kind, the first keeps the records it had (a copy of
+        the kind's window) and from then on each API's window and the kind's go their own
+        way, each over its own last ``window`` records."""
+        stats = Stats(since="s", window=4)
+        a = [float(v) for v in range(1, 7)]
+        for i, v in enumerate(a):
+            stats.add(rec(i, Kind.CHAT, api="responses", ttft_ms=v))
+        stats.add(rec(10, Kind.CHAT, api="messages", ttft_ms=100.0))
+        stats.add(rec(11, Kind.CHAT, api="responses", ttft_ms=7.0))
+        doc = stats.snapshot()
+        kind = [5.0, 6.0, 100.0, 7.0]  # the last four of the kind, across APIs
+        own = {"responses": [4.0, 5.0, 6.0, 7.0], "messages": [100.0], "": kind}
+        got = {api: e["kinds"]["chat"] for api, e in doc["by_api"].items()}
+        got[""] = doc["kinds"]["chat"]
+        for api, values in own.items():
+            # each value sits alone in its bucket, so the histogram is exact here
+            assert got[api]["ttft_ms"] == quantiles(sorted(values)), api
+            assert got[api]["window"] == len(values)
+
+    def test_several_busy_apis_match_the_exact_percentiles(self) -> None:
+        """Five APIs interleaved past the window: each API's and each kind's percentiles
+        are within the stated error of the exact ones over its own last ``window``
+        completed records."""
+        rng = random.Random(11)
+        window = 200
+        stats = Stats(since="s", window=window)
+        records = []
+        for i in range(3000):
+            api = rng.choice(APIS)
+            kind = rng.choice((Kind.CHAT, Kind.TOOL))
+            scale = 1 + APIS.index(api)
+            record = rec(i, kind, api=api, e2e_ms=scale * rng.paretovariate(1.2) * 100.0)
+            records.append(record)
+            stats.add(record)
+        doc = stats.snapshot()
+        for api in APIS:
+            for kind in (Kind.CHAT, Kind.TOOL):
+                mine = [r for r in records if r.api == api and r.kind is kind][-window:]
+                got = doc["by_api"][api]["kinds"][str(kind)]
+                assert got["window"] == len(mine)
+                exact = summarize_kind(mine)
+                assert_summary_close({**got, "count": len(mine)}, {**exact, "window": len(mine)})
+        for kind in (Kind.CHAT, Kind.TOOL):
+            mine = [r for r in records if r.kind is kind][-window:]
+            exact = {**summarize_kind(mine), "window": window, "count": doc["kinds"][kind]["count"]}
+            assert_summary_close(doc["kinds"][str(kind)], exact, str(kind))
 
     def test_api_summaries_share_nothing_with_the_kinds(self) -> None:
         """A summary copied from its kind's is a copy: changing one leaves the other."""
@@ -553,41 +610,23 @@ class TestPerApi:
         doc["by_api"]["responses"]["kinds"]["chat"]["ttft_ms"]["p50"] = -1.0
         assert doc["kinds"]["chat"]["ttft_ms"]["p50"] == 5.0
 
-    def test_stepwise_snapshot_keeps_the_api_state_it_started_with(self) -> None:
-        """Records of another API added during a stepwise snapshot enter neither its
-        ``apis``, ``by_api`` nor ``upstream_errors``."""
-        stats = Stats(since="s", window=5)
-        for i in range(4):
-            stats.add(rec(i, Kind.CHAT, api="chat_completions", ttft_ms=1.0))
-        steps = stats.snapshot_steps()
-        next(steps)
-        for i in range(4, 10):
-            stats.add(rec(i, Kind.CHAT, api="responses", ttft_ms=50.0))
-            stats.add(rec(i + 10, Kind.TOOL, Outcome.UPSTREAM_ERROR, api="responses", status=500))
-        doc = None
-        while doc is None:
-            try:
-                next(steps)
-            except StopIteration as done:
-                doc = done.value
-        assert doc["apis"] == {"chat_completions": 4}
-        assert list(doc["by_api"]) == ["chat_completions"]
-        assert doc["by_api"]["chat_completions"]["kinds"]["chat"]["ttft_ms"]["p99"] == 1.0
-        assert doc["upstream_errors"] == {}
-        assert stats.snapshot()["by_api"]["responses"]["upstream_errors"] == {"500": 6}
-
-    def test_api_windows_hold_nothing_the_collector_walks(self) -> None:
-        """The windows per API hold the kind windows' own rows: with two APIs, 1,000
-        records still leave only the recent records (and a few deques) to the collector."""
+    def test_api_windows_hold_nothing_that_grows_with_the_records(self) -> None:
+        """With two APIs (each with windows of its own) the objects the collector tracks
+        stay a fixed number per window (its arrays: about 50), however many records come
+        in."""
         stats = Stats(since="s", recent=5, window=1000)
         gc.collect()
         before = len(gc.get_objects())
-        for i in range(1000):
-            api = "responses" if i % 2 else "messages"
-            stats.add(rec(i, Kind.TOOL if i % 4 < 2 else Kind.CHAT, api=api, ttft_ms=float(i)))
-        gc.collect()
-        assert len(gc.get_objects()) - before < 100
-        assert stats.snapshot()["by_api"]["responses"]["kinds"]["tool"]["window"] == 250
+        counts = []
+        for batch in range(3):
+            for i in range(1000 * batch, 1000 * (batch + 1)):
+                api = "responses" if i % 2 else "messages"
+                kind = Kind.TOOL if i % 4 < 2 else Kind.CHAT
+                stats.add(rec(i, kind, api=api, ttft_ms=float(i)))
+            gc.collect()
+            counts.append(len(gc.get_objects()) - before)
+        assert counts[0] == counts[1] == counts[2] < 4 * 60  # four API windows
+        assert stats.snapshot()["by_api"]["responses"]["kinds"]["tool"]["window"] == 750
 
 
 class TestUpstreamErrors:
@@ -675,3 +714,168 @@ class TestSpeculation:
         expected = summarize_kind(records)
         assert kind["speculation"] == expected["speculation"]
         assert kind["draft_acceptance"] == expected["draft_acceptance"]
+
+
+def seed_style(rng: random.Random, n: int) -> list[Record]:
+    """Records shaped like the seed's measurements: tool calls whose totals are the seed's
+    five (3,172 / 1,813 / 2,061 / 1,432 / 4,071 ms) again and again, each within 10 ms of
+    its first time as in its repeated runs, TTFT about 820 ms, prefill 796, decode 1,265 ms
+    at 6.0 tok/s; chat turns at TTFT 162 ms and 10.7 tok/s; a third of the chat turns
+    drafted. Spread between prompts, not runs: log-normal around the seed's medians."""
+    out = []
+    for i in range(n):
+        if i % 3:
+            total = SEED_TOOL_TOTALS[i % 5] + rng.uniform(-10.0, 10.0)
+            out.append(
+                rec(
+                    i,
+                    Kind.TOOL,
+                    ttft_ms=820.0 * rng.lognormvariate(0, 0.1),
+                    prefill_ms=796.0 * rng.lognormvariate(0, 0.1),
+                    decode_ms=1265.0 * rng.lognormvariate(0, 0.3),
+                    decode_tok_s=6.0 * rng.lognormvariate(0, 0.05),
+                    e2e_ms=total,
+                    tool_call_ms=total,
+                    overhead_ms=rng.uniform(0.2, 1.5),
+                )
+            )
+        else:
+            out.append(
+                rec(
+                    i,
+                    Kind.CHAT,
+                    ttft_ms=162.0 * rng.lognormvariate(0, 0.2),
+                    prefill_ms=140.0 * rng.lognormvariate(0, 0.2),
+                    decode_ms=2300.0 * rng.lognormvariate(0, 0.5),
+                    decode_tok_s=10.7 * rng.lognormvariate(0, 0.05),
+                    draft_acceptance=rng.random() if i % 9 == 0 else None,
+                    e2e_ms=2500.0 * rng.lognormvariate(0, 0.5),
+                    overhead_ms=rng.uniform(0.2, 1.5),
+                )
+            )
+    return out
+
+
+def window_of(values: list[float | None], window: int) -> list[float]:
+    """The known values among the last ``window`` records, sorted."""
+    return sorted(v for v in values[-window:] if v is not None)
+
+
+def push(values: list[float | None], window: int) -> dict[str, Any]:
+    """The ``ttft_ms`` percentiles of a Stats fed one chat record per value."""
+    stats = Stats(since="s", window=window)
+    for i, v in enumerate(values):
+        stats.add(rec(i, Kind.CHAT, ttft_ms=v))
+    return stats.snapshot()["kinds"]["chat"]["ttft_ms"]  # type: ignore[no-any-return]
+
+
+def assert_within_bound(got: dict[str, Any], ordered: list[float]) -> None:
+    """Each of p50/p90/p99 within :func:`bound` of the exact percentile of ``ordered``."""
+    for name, q in QUANTILES:
+        exact = percentile(ordered, q)
+        if exact is None:
+            assert got[name] is None
+            continue
+        assert abs(got[name] - exact) <= bound(ordered, q), (name, got[name], exact)
+
+
+class TestHistogramError:
+    """/stats reads percentiles from log-bucket histograms: each p50/p90/p99 within ALPHA
+    of the exact percentile (linear interpolation between order statistics, as
+    ``timing-proxy report`` computes) of the same records."""
+
+    def test_seed_style_records_match_the_report(self) -> None:
+        """Over 3,000 seed-style records through a window of 1,000, every percentile of
+        every field of both kinds, the split and the speculation medians are within the
+        stated error of summarize_kind over the same last 1,000 records of the kind."""
+        records = seed_style(random.Random(15), 3000)
+        stats = Stats(since="s", window=1000)
+        for r in records:
+            stats.add(r)
+        kinds = stats.snapshot()["kinds"]
+        for kind in (Kind.CHAT, Kind.TOOL):
+            mine = [r for r in records if r.kind is kind]
+            exact = {**summarize_kind(mine[-1000:]), "window": 1000, "count": len(mine)}
+            assert_summary_close(kinds[str(kind)], exact, str(kind))
+
+    def test_the_seeds_five_tool_calls_are_exact(self) -> None:
+        """Values further apart than a bucket's width are each alone in their bucket, whose
+        mean is the value: the seed's five totals give the report's percentiles exactly
+        (median 2,061 ms)."""
+        stats = Stats(since="s")
+        for i, total in enumerate(SEED_TOOL_TOTALS):
+            stats.add(rec(i, Kind.TOOL, tool_call_ms=total))
+        got = stats.snapshot()["kinds"]["tool"]["tool_call_ms"]
+        assert got == quantiles(sorted(SEED_TOOL_TOTALS))
+        assert got["p50"] == 2061.0
+
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    @pytest.mark.parametrize(
+        "draw",
+        [
+            lambda rng: 100.0 * rng.paretovariate(1.1),  # infinite variance
+            lambda rng: rng.lognormvariate(3.0, 2.0),  # six decades
+            lambda rng: rng.expovariate(0.01) if rng.random() > 0.1 else 0.0,  # zeros
+        ],
+        ids=["pareto-1.1", "lognormal-sigma-2", "exponential-with-zeros"],
+    )
+    def test_heavy_tailed_values_through_a_sliding_window(self, seed: int, draw: Any) -> None:
+        """20,000 heavy-tailed values (with a fifth unknown) through a window of 5,000:
+        p50/p90/p99 within ALPHA of the exact percentiles of the last 5,000 records'
+        values."""
+        rng = random.Random(seed)
+        values = [draw(rng) if rng.random() > 0.2 else None for _ in range(20_000)]
+        assert_within_bound(push(values, 5000), window_of(values, 5000))
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        values=st.lists(
+            st.one_of(
+                st.none(),
+                st.floats(min_value=1e-6, max_value=1e9),
+                st.floats(min_value=-1e6, max_value=-1e-6),
+                st.just(0.0),
+                st.sampled_from(SEED_TOOL_TOTALS),
+            ),
+            max_size=120,
+        ),
+        window=st.integers(min_value=1, max_value=50),
+    )
+    def test_any_values_any_window(self, values: list[float | None], window: int) -> None:
+        """For any values (over fifteen decades, either sign, zeros, unknowns) and any
+        window, each percentile is within ALPHA of the interpolated magnitudes of its two
+        order statistics, over exactly the last ``window`` records: ALPHA of the exact
+        percentile when they have one sign."""
+        assert_within_bound(push(values, window), window_of(values, window))
+
+    def test_repeated_values_are_exact(self) -> None:
+        """A bucket answers with the mean of its values: one value repeated is read back
+        exactly, at any percentile (the single request of the relay's tests)."""
+        assert push([186.123] * 50, 100) == {"p50": 186.123, "p90": 186.123, "p99": 186.123}
+        assert push([0.0, 0.0], 10) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+
+    def test_values_that_are_not_finite_are_unknown(self) -> None:
+        """Infinity and NaN (no bucket holds them) count as unknown values, like None."""
+        assert push([math.inf, math.nan, -math.inf], 10) == {"p50": None, "p90": None, "p99": None}
+        assert push([5.0, math.inf, 7.0, math.nan], 10) == quantiles([5.0, 7.0])
+
+    def test_speculation_medians_within_the_error(self) -> None:
+        """The decode rate's medians with and without drafts come from histograms of their
+        own: within ALPHA of the exact medians of each group over the window."""
+        rng = random.Random(5)
+        records = [
+            rec(
+                i,
+                decode_tok_s=rng.lognormvariate(3.0, 0.5),
+                draft_acceptance=rng.random() if i % 3 == 0 else None,
+            )
+            for i in range(5000)
+        ]
+        stats = Stats(since="s", window=2000)
+        for r in records:
+            stats.add(r)
+        got = stats.snapshot()["kinds"]["chat"]["speculation"]
+        exact = summarize_kind(records[-2000:])["speculation"]
+        assert got["drafted"] == exact["drafted"]
+        for key in ("decode_tok_s_p50_with", "decode_tok_s_p50_without"):
+            assert close(got[key], exact[key]), (key, got[key], exact[key])

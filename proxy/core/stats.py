@@ -1,26 +1,39 @@
 """Aggregation of records: percentiles per kind and per API, cache sums, upstream errors
 by status, and the ``/stats`` document.
 
-Pure. Memory is bounded: percentiles are computed over a sliding window of the last
-``window`` completed records of each kind (a ``deque`` with ``maxlen``), and of each kind
-of each API (:data:`APIS`, a closed set: any other name counts as ``other``), while counts
-and cache sums are running totals since start. ``recent`` keeps the last N records whole.
-The same :func:`summarize` serves ``/stats`` and ``timing-proxy report``.
+Pure. Memory is bounded: percentiles are over a sliding window of the last ``window``
+completed records of each kind, and of each kind of each API (:data:`APIS`, a closed set:
+any other name counts as ``other``), while counts and cache sums are running totals since
+start. ``recent`` keeps the last N records whole. The same :func:`summarize_kind` layout
+serves ``/stats`` and ``timing-proxy report``.
+
+``timing-proxy report`` sorts whole records (:func:`summarize_kind`: exact). ``/stats`` keeps,
+per window, a log-bucket histogram of each field (:class:`_Window`), updated as a record
+enters the window and as the oldest one leaves it, so a read walks the occupied buckets and
+sorts nothing. Each bucket holds the values within a factor :data:`GAMMA` of each other and
+answers with their mean, so each percentile is within :data:`ALPHA` (1 %) of the exact one
+of the same records (see :func:`_column_quantiles` for the statement).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from array import array
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
+from math import ceil, log
 from typing import Any
 
 from proxy.core.dialects import DIALECTS
 from proxy.core.record import Kind, Outcome, Record
 
 __all__ = [
+    "ALPHA",
     "APIS",
+    "GAMMA",
     "SUMMARY_FIELDS",
     "Stats",
     "api_name",
@@ -54,10 +67,32 @@ SUMMARY_FIELDS: tuple[str, ...] = (
 know the value: ``image_tokens`` over the requests with images, ``draft_acceptance`` over
 the speculative ones, the board's over the ones the telemetry covered)."""
 
+_FIELDS = len(SUMMARY_FIELDS)
 _DRAFT = SUMMARY_FIELDS.index("draft_acceptance")
 _DECODE = SUMMARY_FIELDS.index("decode_tok_s")
+_WITH = _FIELDS
+"""The histogram column of ``decode_tok_s`` over the records that drafted."""
+_WITHOUT = _FIELDS + 1
+"""The histogram column of ``decode_tok_s`` over the records that did not."""
+_COLUMNS = _FIELDS + 2
 
 QUANTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+ALPHA = 0.01
+"""The relative error of a ``/stats`` percentile against the exact one of the same records
+(:func:`percentile` over the window's values), for values of one sign; see
+:func:`_column_quantiles`."""
+GAMMA = 1.0 + ALPHA
+"""The ratio between a histogram bucket's upper and lower bound."""
+_INV_LN_GAMMA = 1.0 / math.log(GAMMA)
+_TINY = 1e-9
+"""Values within this of 0 share the zero bucket."""
+_HUGE = 1e300
+"""Values beyond this (and NaN) are left out, as unknown: no bucket holds infinity."""
+_OFFSET = 1 - math.ceil(math.log(_TINY) * _INV_LN_GAMMA)
+"""Makes a positive value's key at least 1 (a negative one's at most -1; 0 is the zero
+bucket), so keys sort as their values."""
+_NAN = math.nan
 
 APIS: tuple[str, ...] = (*(dialect.name for dialect in DIALECTS), "other")
 """The names a record's ``api`` can take in ``/stats``: one per dialect (``chat_completions``,
@@ -119,15 +154,16 @@ def summarize_cache(records: Iterable[Record]) -> dict[str, Any]:
 def summarize_kind(
     records: Sequence[Record], fields: Iterable[str] = SUMMARY_FIELDS
 ) -> dict[str, Any]:
-    """``count``, ``{p50, p90, p99}`` of each field over the known values, and the split.
+    """``count``, ``{p50, p90, p99}`` of each field over the known values, and the split:
+    exact, by sorting (``timing-proxy report``).
 
     The split is taken between the median prefill and the median decode, as the Jetson
     measurement's "796 ms of prefill and 1,265 ms of decode, 39 and 61 percent".
     """
-    return _summarize_columns(
+    return _assemble(
         len(records),
         {
-            name: sorted(v for r in records if (v := getattr(r, name)) is not None)
+            name: quantiles(sorted(v for r in records if (v := getattr(r, name)) is not None))
             for name in fields
         },
         speculation((r.draft_acceptance, r.decode_tok_s) for r in records),
@@ -155,14 +191,12 @@ def speculation(pairs: Iterable[tuple[float | None, float | None]]) -> dict[str,
     }
 
 
-def _summarize_columns(
-    count: int, columns: dict[str, list[float]], spec: dict[str, Any] | None = None
+def _assemble(
+    count: int, fields: dict[str, dict[str, float | None]], spec: dict[str, Any]
 ) -> dict[str, Any]:
-    """:func:`summarize_kind` of ``count`` records given their known values per field,
-    each column sorted, and their :func:`speculation`."""
-    out: dict[str, Any] = {"count": count}
-    for name, values in columns.items():
-        out[name] = quantiles(values)
+    """A kind's summary of ``count`` records from each field's ``{p50, p90, p99}`` and
+    their :func:`speculation`: the split is between the median prefill and decode."""
+    out: dict[str, Any] = {"count": count, **fields}
     pre = out.get("prefill_ms", {}).get("p50")
     dec = out.get("decode_ms", {}).get("p50")
     total = (pre or 0.0) + (dec or 0.0) if pre is not None and dec is not None else None
@@ -172,8 +206,7 @@ def _summarize_columns(
         "prefill_pct": round(100.0 * pre / total, 1) if total and pre is not None else None,
         "decode_pct": round(100.0 * dec / total, 1) if total and dec is not None else None,
     }
-    if spec is not None:
-        out["speculation"] = spec
+    out["speculation"] = spec
     return out
 
 
@@ -187,29 +220,160 @@ def summarize(records: Iterable[Record]) -> dict[str, Any]:
 
 
 _Row = tuple[float | None, ...]
-"""A record's :data:`SUMMARY_FIELDS`, in that order: what a window keeps of it."""
+"""A record's :data:`SUMMARY_FIELDS`, in that order."""
 _summary_row: Callable[[Record], _Row] = operator.attrgetter(*SUMMARY_FIELDS)
 
 _ApiKind = tuple[str, Kind]
 """An API's name (one of :data:`APIS`) and a summarised kind."""
 
 
-def _summary_steps(rows: Sequence[_Row]) -> Generator[None, None, dict[str, Any]]:
-    """:func:`summarize_kind` of a window's ``rows``, yielding after each sorted column."""
-    columns: dict[str, list[float]] = {}
-    for i, name in enumerate(SUMMARY_FIELDS):
-        column = [v for row in rows if (v := row[i]) is not None]
-        column.sort()
-        columns[name] = column
-        yield
-    return _summarize_columns(
-        len(rows), columns, speculation((row[_DRAFT], row[_DECODE]) for row in rows)
-    )
+def _slots(row: _Row) -> tuple[array[float], array[int]]:
+    """A record as a window stores it: one value per column (:data:`SUMMARY_FIELDS`, then
+    ``decode_tok_s`` again in the with- or the without-draft column), NaN where unknown
+    (``None``, not finite, or the other draft column), and each value's bucket key.
+
+    The key of ``v`` is ``k`` for ``GAMMA**(k-1) < v <= GAMMA**k``, shifted by
+    :data:`_OFFSET` to be at least 1, its mirror image for a negative value, and 0 within
+    :data:`_TINY` of 0 (and for NaN, which no histogram counts): keys sort as the values.
+    """
+    values = [v if v is not None and -_HUGE < v < _HUGE else _NAN for v in row]
+    rate = values[_DECODE]
+    values += (rate, _NAN) if values[_DRAFT] == values[_DRAFT] else (_NAN, rate)
+    keys = [
+        _OFFSET + ceil(log(v) * _INV_LN_GAMMA)
+        if v > _TINY
+        else (-_OFFSET - ceil(log(-v) * _INV_LN_GAMMA) if v < -_TINY else 0)
+        for v in values
+    ]
+    return array("d", values), array("i", keys)
 
 
-def _copy_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """A summary that shares no mutable part with ``summary``."""
-    return {k: dict(v) if isinstance(v, dict) else v for k, v in summary.items()}
+class _Window:
+    """The last ``size`` completed records of a kind (or of an API's kind) as histograms.
+
+    ``values`` and ``keys`` keep each record's :func:`_slots` (a ring of ``size`` records
+    once full) only so that the oldest can be taken out of the histograms when a new one
+    pushes it out. Per column, three parallel arrays: ``order``, the occupied buckets' keys
+    ascending, and each one's ``counts`` and ``sums``. Contiguous arrays make a read a walk
+    through a few kilobytes per column, and they hold no object the garbage collector walks.
+    """
+
+    __slots__ = ("counts", "keys", "n", "order", "size", "slot", "sums", "values")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values = array("d")
+        self.keys = array("i")
+        self.slot = 0
+        self.n = 0
+        self.order: tuple[array[int], ...] = tuple(array("i") for _ in range(_COLUMNS))
+        self.counts: tuple[array[int], ...] = tuple(array("q") for _ in range(_COLUMNS))
+        self.sums: tuple[array[float], ...] = tuple(array("d") for _ in range(_COLUMNS))
+
+    def copy(self) -> _Window:
+        """A window holding the same records, sharing nothing with this one."""
+        new = _Window(self.size)
+        new.values, new.keys = array("d", self.values), array("i", self.keys)
+        new.slot, new.n = self.slot, self.n
+        new.order = tuple(array("i", a) for a in self.order)
+        new.counts = tuple(array("q", a) for a in self.counts)
+        new.sums = tuple(array("d", a) for a in self.sums)
+        return new
+
+    def push(self, values: array[float], keys: array[int]) -> None:
+        """Add a record (its :func:`_slots`), taking the oldest out once the window is
+        full."""
+        if self.n < self.size:
+            self.values.extend(values)
+            self.keys.extend(keys)
+            self.n += 1
+        elif self.size:
+            start = self.slot * _COLUMNS
+            end = start + _COLUMNS
+            self._remove(self.values[start:end], self.keys[start:end])
+            self.values[start:end] = values
+            self.keys[start:end] = keys
+            self.slot = (self.slot + 1) % self.size
+        else:
+            return
+        orders, counts, sums = self.order, self.counts, self.sums
+        for column, value in enumerate(values):
+            if value == value:
+                key = keys[column]
+                order = orders[column]
+                i = bisect_left(order, key)
+                if i < len(order) and order[i] == key:
+                    counts[column][i] += 1
+                    sums[column][i] += value
+                else:
+                    order.insert(i, key)
+                    counts[column].insert(i, 1)
+                    sums[column].insert(i, value)
+
+    def _remove(self, values: array[float], keys: array[int]) -> None:
+        """Take a record out of the histograms (an emptied bucket goes)."""
+        orders, counts, sums = self.order, self.counts, self.sums
+        for column, value in enumerate(values):
+            if value == value:
+                order = orders[column]
+                i = bisect_left(order, keys[column])
+                if counts[column][i] == 1:
+                    del order[i], counts[column][i], sums[column][i]
+                else:
+                    counts[column][i] -= 1
+                    sums[column][i] -= value
+
+    def column(self, column: int) -> dict[str, float | None]:
+        """``{p50, p90, p99}`` of one column (:func:`_column_quantiles`)."""
+        return _column_quantiles(self.counts[column], self.sums[column])
+
+    def summary(self) -> dict[str, Any]:
+        """The kind's summary of the window's records (``count`` is the window's; the
+        caller sets the kind's), with ``window``."""
+        fields = {name: self.column(c) for c, name in enumerate(SUMMARY_FIELDS)}
+        spec = {
+            "drafted": sum(self.counts[_DRAFT]),
+            "decode_tok_s_p50_with": self.column(_WITH)["p50"],
+            "decode_tok_s_p50_without": self.column(_WITHOUT)["p50"],
+        }
+        out = _assemble(self.n, fields, spec)
+        out["window"] = self.n
+        return out
+
+
+_NONE: dict[str, float | None] = {name: None for name, _ in QUANTILES}
+
+
+def _column_quantiles(counts: Sequence[int], sums: Sequence[float]) -> dict[str, float | None]:
+    """``{p50, p90, p99}`` of a column from its occupied buckets' counts and sums (in key
+    order), in one pass (cumulative counts, then a binary search per rank).
+
+    Each rank's order statistic is read as the mean of the values in its bucket, then
+    interpolated as :func:`percentile` does. The bucket's values lie within a factor
+    :data:`GAMMA` of each other, so that mean is within ``ALPHA`` of each of them: for a
+    column whose values have one sign each percentile is within ``ALPHA`` of the exact one
+    (``|got - exact| < ALPHA * |exact|``, plus the rounding to 0.001 of both), and it is
+    exact where the order statistics' buckets hold one distinct value (a single record,
+    repeated values). Where the two order statistics have opposite signs, the error is
+    below ``ALPHA`` times the interpolation of their magnitudes.
+    """
+    if not counts:
+        return dict(_NONE)
+    cum = list(accumulate(counts))
+    n = cum[-1]
+
+    def at(rank: int) -> float:
+        i = bisect_right(cum, rank)
+        return sums[i] / counts[i]
+
+    out: dict[str, float | None] = {}
+    for name, q in QUANTILES:
+        pos = (n - 1) * q
+        lo = math.floor(pos)
+        hi = math.ceil(pos)
+        low = at(lo)
+        out[name] = round(low if lo == hi else low + (at(hi) - low) * (pos - lo), 3)
+    return out
 
 
 def _sorted_counts(counts: Counter[str]) -> dict[str, int]:
@@ -217,44 +381,27 @@ def _sorted_counts(counts: Counter[str]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-_ApiPlan = tuple[int, dict[str, int], dict[Kind, tuple[int, list[_Row] | None]]]
-"""What ``by_api`` shows of one API, copied when a snapshot starts: its requests, its
-upstream errors by status, and per kind the requests and the window's rows (``None``: the
-kind's own window)."""
+def _copy_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary that shares no mutable part with ``summary``."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in summary.items()}
 
 
-def _by_api_steps(
-    plan: dict[str, _ApiPlan], kinds: dict[str, dict[str, Any]]
-) -> Generator[None, None, dict[str, Any]]:
-    """The ``by_api`` object of ``/stats`` from :meth:`Stats._api_plan` and the kinds'
-    summaries; yields after each sorted column (none for a window that is the kind's own,
-    whose summary is copied, or for an empty one)."""
-    by_api: dict[str, Any] = {}
-    for api, (requests, errors, windows) in plan.items():
-        summaries: dict[str, Any] = {}
-        for kind, (count, rows) in windows.items():
-            if rows is None:
-                summary = _copy_summary(kinds[str(kind)])
-            else:
-                summary = (yield from _summary_steps(rows)) if rows else summarize_kind(())
-                summary["window"] = len(rows)
-            summary["count"] = count
-            summaries[str(kind)] = summary
-        by_api[api] = {"requests": requests, "upstream_errors": errors, "kinds": summaries}
-    return by_api
+_SPLIT = ""
+"""The sole API of a kind once two APIs have served it (each then has its own window)."""
 
 
 class Stats:
     """Running totals and bounded windows of records, rendered as the ``/stats`` document.
 
-    A window keeps only each record's :data:`SUMMARY_FIELDS` as a tuple of floats (and
-    ``None``). Such tuples hold no references, so CPython's garbage collector stops tracking
-    them: full windows (20,000 records) cost a full collection nothing, where whole records
-    made each one a pause of about 10 ms. Whole records stay only in ``recent``.
+    A window is a :class:`_Window`: a ring of the last ``window`` completed records' summary
+    values and a histogram per field kept up to date as records enter and leave it, so
+    ``/stats`` reads buckets instead of sorting records. Its storage is a fixed number of
+    arrays of numbers, whatever the records: full windows add nothing to a full
+    collection's pause. Whole records stay only in ``recent``.
 
-    The windows per API hold the same tuple objects as the kind windows, so while one API
-    serves every request they cost a pointer per record and, in :meth:`snapshot_steps`, no
-    sort at all (their summary is the kind's).
+    While one API serves every completed record of a kind, that API's window is the kind's
+    own (not kept twice, its summary copied); the first record of another API gives the
+    first one a copy of the kind's window, and from then on each API keeps its own.
     """
 
     def __init__(self, *, since: str, recent: int = 100, window: int = 10_000) -> None:
@@ -265,14 +412,13 @@ class Stats:
         self._kinds: Counter[str] = Counter()
         self._apis: Counter[str] = Counter()
         self._upstream_errors: dict[str, Counter[str]] = {}
-        self._windows: dict[Kind, deque[_Row]] = {
-            Kind.CHAT: deque(maxlen=window),
-            Kind.TOOL: deque(maxlen=window),
+        self._windows: dict[Kind, _Window] = {
+            Kind.CHAT: _Window(window),
+            Kind.TOOL: _Window(window),
         }
-        self._completed: Counter[Kind] = Counter()
+        self._sole: dict[Kind, str | None] = {Kind.CHAT: None, Kind.TOOL: None}
         self._api_kinds: Counter[_ApiKind] = Counter()
-        self._api_completed: Counter[_ApiKind] = Counter()
-        self._api_windows: dict[_ApiKind, deque[_Row]] = {}
+        self._api_windows: dict[_ApiKind, _Window] = {}
         self._recent: deque[Record] = deque(maxlen=recent)
         self._cache_n = 0
         self._prompt_tokens = 0
@@ -299,14 +445,21 @@ class Stats:
         self._api_kinds[key] += 1
         if record.outcome is not Outcome.COMPLETED:
             return
-        row = _summary_row(record)
-        self._windows[record.kind].append(row)
-        self._completed[record.kind] += 1
-        self._api_completed[key] += 1
-        window = self._api_windows.get(key)
-        if window is None:
-            window = self._api_windows[key] = deque(maxlen=self._window)
-        window.append(row)
+        api, kind = key
+        values, keys = _slots(_summary_row(record))
+        kind_window = self._windows[kind]
+        sole = self._sole[kind]
+        if sole is None:
+            self._sole[kind] = api
+        elif sole != api:
+            if sole != _SPLIT:
+                self._api_windows[sole, kind] = kind_window.copy()
+                self._sole[kind] = _SPLIT
+            window = self._api_windows.get(key)
+            if window is None:
+                window = self._api_windows[key] = _Window(self._window)
+            window.push(values, keys)
+        kind_window.push(values, keys)
 
     def find(self, record_id: str) -> Record | None:
         """A recent record by id (``None`` once it has left the ``recent`` window)."""
@@ -315,15 +468,6 @@ class Stats:
                 return record
         return None
 
-    def snapshot(self) -> dict[str, Any]:
-        """The ``/stats`` document, in one go (see :meth:`snapshot_steps`)."""
-        steps = self.snapshot_steps()
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-
     def _all_upstream_errors(self) -> Counter[str]:
         """Upstream errors by status, across APIs."""
         total: Counter[str] = Counter()
@@ -331,55 +475,41 @@ class Stats:
             total.update(counts)
         return total
 
-    def _api_plan(self) -> dict[str, _ApiPlan]:
-        """What ``by_api`` is made of, copied now: for each API that has had requests, its
-        request count, its upstream errors by status and, per kind, the requests and a copy
-        of the window (``None`` where it holds exactly the kind's window: every completed
-        record of the kind came from that API, the same appends to a deque of the same
-        length)."""
-        plan: dict[str, _ApiPlan] = {}
-        for api in APIS:
-            if not self._apis[api]:
-                continue
-            kinds: dict[Kind, tuple[int, list[_Row] | None]] = {}
-            for kind in self._windows:
-                key = (api, kind)
-                same = self._api_completed[key] == self._completed[kind]
-                rows = None if same else list(self._api_windows.get(key, ()))
-                kinds[kind] = (self._api_kinds[key], rows)
-            errors = _sorted_counts(self._upstream_errors.get(api, Counter()))
-            plan[api] = (self._apis[api], errors, kinds)
-        return plan
+    def _api_summary(self, api: str, kinds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """One API's ``by_api`` entry, given the kinds' summaries."""
+        summaries: dict[str, Any] = {}
+        for kind in self._windows:
+            if self._sole[kind] == api:
+                summary = _copy_summary(kinds[str(kind)])
+            elif (window := self._api_windows.get((api, kind))) is not None:
+                summary = window.summary()
+            else:
+                summary = {**summarize_kind(()), "window": 0}
+            summary["count"] = self._api_kinds[api, kind]
+            summaries[str(kind)] = summary
+        errors = _sorted_counts(self._upstream_errors.get(api, Counter()))
+        return {"requests": self._apis[api], "upstream_errors": errors, "kinds": summaries}
 
-    def snapshot_steps(self) -> Generator[None, None, dict[str, Any]]:
-        """The ``/stats`` document, built in steps; the generator's return value.
+    def snapshot(self) -> dict[str, Any]:
+        """The ``/stats`` document.
 
-        It yields after each field of each window: one step sorts at most one window's
-        values of one field (about 1 ms for 10,000 on a small board), so a caller on the
-        relay's event loop can let streams run between steps instead of stalling them for
-        the whole document (17 ms with full windows). An API's window that is its kind's
-        own, or empty, is not sorted (no step). The document is the state when the
-        generator started: records added meanwhile are left out.
+        A read walks each window's occupied buckets and sorts nothing: about a millisecond
+        with full windows (``bench/stats_stall.py``), so it is built in one go, the state at
+        one instant.
         """
-        windows = {kind: list(window) for kind, window in self._windows.items()}
-        counts = {kind: self._kinds[str(kind)] for kind in windows}
-        api_plan = self._api_plan()
-        recent = list(self._recent)
-        doc: dict[str, Any] = {
+        kinds: dict[str, Any] = {}
+        for kind, window in self._windows.items():
+            summary = window.summary()
+            summary["count"] = self._kinds[str(kind)]
+            kinds[str(kind)] = summary
+        return {
             "requests": self.requests,
             "since": self.since,
             "outcomes": dict(self._outcomes),
             "upstream_errors": _sorted_counts(self._all_upstream_errors()),
             "apis": dict(self._apis),
-            "kinds": {},
-            "by_api": {},
+            "kinds": kinds,
+            "by_api": {api: self._api_summary(api, kinds) for api in APIS if self._apis[api]},
             "cache": cache_ratio(self._cache_n, self._prompt_tokens),
+            "recent": [r.to_dict() for r in reversed(self._recent)],
         }
-        for kind, rows in windows.items():
-            summary = yield from _summary_steps(rows)
-            summary["count"] = counts[kind]
-            summary["window"] = len(rows)
-            doc["kinds"][str(kind)] = summary
-        doc["by_api"] = yield from _by_api_steps(api_plan, doc["kinds"])
-        doc["recent"] = [r.to_dict() for r in reversed(recent)]
-        return doc

@@ -23,6 +23,7 @@ from proxy.serve.keys import (
     METRICS,
     RELAY,
     SESSION,
+    SETUP,
     STATS,
     STATS_DOCUMENT,
     TELEMETRY,
@@ -100,7 +101,7 @@ async def handle_stats(request: web.Request) -> web.Response:
     app = _main(request)
     # ACCOUNTING and TELEMETRY are set once the upstream sessions open (just after the
     # admin listener starts)
-    body = await app[STATS_DOCUMENT].body(app.get(ACCOUNTING), app.get(TELEMETRY))
+    body = await app[STATS_DOCUMENT].body(app.get(ACCOUNTING), app.get(TELEMETRY), app.get(SETUP))
     return web.Response(body=body, content_type="application/json")
 
 

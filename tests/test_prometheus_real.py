@@ -285,7 +285,8 @@ def scraped(
 @pytest.mark.parametrize("kind", ["chat", "tool"])
 def test_ttft_median_agrees_with_stats(scraped: Scraped, kind: str) -> None:
     """Prometheus's histogram_quantile(0.5) of the TTFT buckets of one kind lies within one
-    bucket of /stats' ttft_ms p50 of that kind (within 1 % of the exact median of the same requests)."""
+    bucket of /stats' ttft_ms p50 of that kind (within 1 % of the exact median of the same
+    requests)."""
     stats_p50_ms = scraped.stats["kinds"][kind]["ttft_ms"]["p50"]
     assert stats_p50_ms is not None and stats_p50_ms > 0
     estimate = scraped.prom.scalar(

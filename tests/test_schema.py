@@ -337,6 +337,15 @@ RATE = PREFILL_MS / PROMPT_N
 
 
 class TestSchemaCost:
+    def test_a_schema_of_no_tokens_is_neither_cached_nor_paid(self) -> None:
+        """A template that drops the tools renders 0 schema tokens: 0 ms paid and saved, and
+        cached is None (not True: the report must not count it as a cache hit)."""
+        for cache_n in (None, 0, 300):
+            cost = schema_cost(0, SchemaLayout(10, 10), cache_n, PROMPT_N, PREFILL_MS)
+            assert cost == SchemaCost(
+                cached=None, prefilled_tokens=0.0, prefill_ms=0.0, saved_ms=0.0
+            )
+
     def test_seed_numbers(self) -> None:
         """103 uncached schema tokens at 6.4 ms per token cost 659.2 ms."""
         cost = schema_cost(TOKENS, LAYOUT, 0, PROMPT_N, PREFILL_MS)

@@ -204,9 +204,12 @@ def schema_cost(
     Without a reference, ``saved_ms`` is unknown unless nothing was saved. Without a
     layout the position is unknown and the cost is known only when nothing was cached.
     Without this request's prefill time (the Messages API sends no ``timings``) the split
-    in tokens still stands, and the cost is known only when nothing was paid: 0 ms.
+    in tokens still stands, and the cost is known only when nothing was paid: 0 ms. A schema
+    of 0 tokens (a template that drops tools) costs 0 ms and is neither cached nor not.
     """
     rate = prefill_ms / prompt_n if prefill_ms is not None and prompt_n else None
+    if schema_tokens == 0:  # the template rendered no tools: nothing paid, nothing to cache
+        return SchemaCost(None, 0.0, 0.0, 0.0)
     if cache_n is None:
         return SchemaCost(None, None, None, None)
     if layout is None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.record import ServerTimings, derive
+from proxy.core.request import analyse_request
 from proxy.core.tracker import Observation, StreamTracker, ToolCall
 from tests.fakes import DONE, PING, RECORDINGS_DIR, chat_event, load_recording, make_timings
 
@@ -543,7 +544,9 @@ class TestSSEErrorsAndUsage:
     def test_exception_after_tokens_keeps_what_was_seen(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """An analysis failure mid-stream keeps earlier token times and stops the analysis."""
+        """An analysis failure mid-stream keeps earlier token times and stops the analysis
+        (the failing chunk starts with a ping, so it is framed: the fast path reads no event
+        that could fail)."""
         clock = FakeClock()
         tracker = StreamTracker(T0, sse=True, clock=clock)
         clock.t = T0 + 1.0
@@ -554,7 +557,7 @@ class TestSSEErrorsAndUsage:
 
         monkeypatch.setattr(StreamTracker, "_on_event", boom)
         clock.t = T0 + 2.0
-        tracker.feed(content("b"))
+        tracker.feed(PING + content("b"))
         clock.t = T0 + 3.0
         tracker.feed(content("c"))
         obs = tracker.finish()
@@ -562,7 +565,7 @@ class TestSSEErrorsAndUsage:
         assert obs.first_token_s == 1.0
         assert obs.last_token_s == 1.0
         assert obs.last_byte_s == 3.0
-        assert obs.response_bytes == len(role() + content("a") + content("b") + content("c"))
+        assert obs.response_bytes == len(role() + content("a") + PING + content("b") + content("c"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1009,3 +1012,145 @@ class TestJSONBody:
         """The recorded context-size error gives ``exceed_context_size_error:400``."""
         obs, _ = _replay("error_context", sse=False)
         assert obs.upstream_error == "exceed_context_size_error:400"
+
+
+# --------------------------------------------------------------------------------------------
+# The fast path (issue 15): template-shaped token events counted without the framer
+
+_CHAT_HEAD = b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"'
+_MSG_HEAD = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"'
+)
+_DIALECT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+# token texts chosen to hit every guard: pattern pieces, quotes, escapes, line breaks
+_TEXTS = st.one_of(
+    st.sampled_from(
+        [
+            b" the",
+            b"usage",
+            b"timings",
+            b"tool_calls",
+            b"error",
+            b"finish_reason",
+            b"stop_reason",
+            b"message_stop",
+            b"code",
+            b":",
+            b": ",
+            b'\\"',
+            b"\\",
+            b'a"b',
+            b"a\nb",
+            b"a\rb",
+            b"",
+            b"[DONE]",
+        ]
+    ),
+    st.binary(max_size=8),
+)
+
+
+def _token_event(kind: str, text: bytes, second: int) -> bytes:
+    if kind == "messages":
+        return _MSG_HEAD + text + b'"}}\n\n'
+    tail = b'"}}],"created":%d,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk"}'
+    return _CHAT_HEAD + text + tail % second + b"\n\n"
+
+
+_OTHER_EVENTS = st.sampled_from(
+    [
+        PING,
+        DONE,
+        b"\n",
+        b"id: 7\n",
+        b"data: x\n",
+        b"data: {}\r\n\r\n",
+        role(),
+        finish("stop", {"prompt_n": 3, "predicted_n": 2}),
+        tool_delta(0, name="f", args="{"),
+        chat_event({"content": "plain"}),
+    ]
+)
+
+
+def _stream_parts(kind: str) -> st.SearchStrategy[list[bytes]]:
+    token = st.builds(lambda t, s: _token_event(kind, t, s), _TEXTS, st.sampled_from([1, 2]))
+    plain = st.just(_token_event(kind, b" the", 1))
+    return st.lists(st.one_of(plain, plain, token, _OTHER_EVENTS), min_size=1, max_size=24)
+
+
+def _feed_all(
+    parts: list[bytes], cuts: list[int], path: str, *, fast: bool, cap: int
+) -> Observation:
+    """The stream of ``parts`` cut at ``cuts`` (plus between parts when ``cuts`` is
+    empty), each piece at its own time, through a tracker with or without its fast path."""
+    stream = b"".join(parts)
+    if cuts:
+        pieces = [stream[a:b] for a, b in pairwise([0, *sorted(set(cuts)), len(stream)])]
+    else:
+        pieces = parts
+    facts_dialect = analyse_request("POST", path, b"").dialect
+    tracker = StreamTracker(T0, sse=True, dialect=facts_dialect, max_event_bytes=cap)
+    if not fast:
+        tracker._spec = None  # the framer for every event: the implementation before
+    for i, piece in enumerate(pieces):
+        tracker.feed(piece, T0 + i + 1.0)
+    return tracker.finish()
+
+
+class TestFastPath:
+    @settings(max_examples=400, deadline=None)
+    @given(st.sampled_from(sorted(_DIALECT_PATHS)), st.data())
+    def test_fast_path_observes_what_the_framer_does(self, kind: str, data: st.DataObject) -> None:
+        """Any mix of template-shaped token events (texts that are pattern pieces, quotes,
+        escapes, line breaks, a new ``created``), other events, pings, CRLF, ids and broken
+        lines, cut anywhere or between events: the observation with the fast path equals the
+        one with every event framed and matched by the dialect's patterns."""
+        parts = data.draw(_stream_parts(kind))
+        size = sum(map(len, parts))
+        cuts = data.draw(st.one_of(st.just([]), st.lists(st.integers(1, max(1, size - 1)))))
+        cap = data.draw(st.sampled_from([8 * 1024 * 1024, 200]))
+        path = _DIALECT_PATHS[kind]
+        fast = _feed_all(parts, cuts, path, fast=True, cap=cap)
+        slow = _feed_all(parts, cuts, path, fast=False, cap=cap)
+        assert fast == slow
+
+    def test_fast_path_counts_template_events(self) -> None:
+        """After one token event read the slow way, the next ones of its shape are counted
+        as token events at their chunk's time, and the final event is still read."""
+        chunks = [role(), content("a"), content("b"), content("c"), finish("length"), DONE]
+        obs = run_sse(at_one_per_second(chunks))
+        assert (obs.events, obs.token_events) == (6, 3)
+        assert (obs.first_token_s, obs.last_token_s) == (2.0, 4.0)
+        assert obs.finish_reason == "length"
+        assert obs.done
+
+    @pytest.mark.parametrize("text", ["usage", "timings", "tool_calls", "error", ":"])
+    def test_text_that_could_complete_a_key_is_read_the_slow_way(
+        self, text: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A token whose whole text is a piece of an ``interesting`` match (``"usage"``
+        between the template's quotes) is framed and matched, as before the fast path."""
+        seen: list[bytes] = []
+        original = StreamTracker._on_event
+
+        def spy(self: StreamTracker, data: bytes, now: float) -> None:
+            seen.append(data)
+            original(self, data, now)
+
+        monkeypatch.setattr(StreamTracker, "_on_event", spy)
+        tracker = StreamTracker(T0, sse=True, clock=FakeClock(1.0))
+        for chunk in (role(), content("a"), content("b"), content(text)):
+            tracker.feed(chunk)
+        assert len(seen) == 3  # role, "a" (learnt), then the key-like text; "b" was fast
+        assert tracker.finish().token_events == 3
+
+    def test_every_dialect_pattern_has_a_decided_fast_path(self) -> None:
+        """Chat Completions, completions and Messages get a fast path; the Responses API,
+        whose token pattern does not end with the text's first byte, keeps the framer."""
+        from proxy.core.dialects import DIALECTS
+        from proxy.core.tracker import _fast_spec
+
+        fast = {d.name for d in DIALECTS if _fast_spec(d.token, d.interesting, d.end_data)}
+        assert fast == {"chat_completions", "completions", "messages"}

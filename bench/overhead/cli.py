@@ -65,6 +65,12 @@ def _paths_and_modes(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also make the proxy append its JSON log lines to a temp file",
     )
+    p.add_argument(
+        "--no-attribution",
+        action="store_true",
+        help="a diagnostic: the proxy with [accounting] attribution = false (the fake "
+        "upstream answers /apply-template with 404, which the proxy retries per request)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--steps",
@@ -82,7 +88,14 @@ def _sizes(p: argparse.ArgumentParser) -> None:
         "--stream-tokens",
         type=int,
         default=20,
-        help="tokens of the latency stream and plain body (20)",
+        help="tokens of the latency stream and plain body (20; 97 makes the 100-event "
+        "stream of issue 15)",
+    )
+    g.add_argument(
+        "--plain-tokens",
+        type=int,
+        help="tokens of the plain body, when not those of the stream (20 is the 645-byte "
+        "JSON reply of bench/peers.py)",
     )
     g.add_argument("--paced-rounds", type=int, help="paced streams per path (8; 2)")
     g.add_argument("--paced-tokens", type=int, default=200, help="events per paced stream")

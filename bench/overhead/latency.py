@@ -64,13 +64,18 @@ def _kind_summary(times: dict[str, list[float]], proxies: list[str]) -> dict[str
     return k
 
 
+def _plain_tokens(a: Any) -> int:
+    """Tokens of the plain body: ``--plain-tokens``, else those of the stream."""
+    return int(a.plain_tokens if a.plain_tokens is not None else a.stream_tokens)
+
+
 async def measure_latency(bench: Bench) -> dict[str, Any]:
     """Warm-up and byte check, then ``rounds`` interleaved rounds; the relays' CPU per
     request over the measured rounds."""
     a = bench.args
     kinds = {
         "stream": chat_body(a.stream_tokens, True),
-        "plain": chat_body(a.stream_tokens, False),
+        "plain": chat_body(_plain_tokens(a), False),
     }
     sessions = {"stream": bench.session, "plain": bench.plain_session}
     await _warm_up(bench, kinds, sessions)
@@ -88,7 +93,8 @@ async def measure_latency(bench: Bench) -> dict[str, Any]:
         },
         "tokens": a.stream_tokens,
         "stream_sse_events": llama_event_count(a.stream_tokens),
-        "plain_body_bytes": len(llama_plain_body(a.stream_tokens)),
+        "plain_tokens": _plain_tokens(a),
+        "plain_body_bytes": len(llama_plain_body(_plain_tokens(a))),
         "seconds": elapsed,
         "kinds": {kind: _kind_summary(times[kind], list(bench.proxies)) for kind in kinds},
     }

@@ -83,7 +83,10 @@ def start_relays(
     """Start every relay in front of ``upstream`` (each also appended to ``procs``)."""
     config = tmp / "config.toml"
     # The default pool (16) would queue the robot load inside the proxy.
-    config.write_text(f"[upstream]\nmax_connections = {max(args.robot_concurrency) + 16}\n")
+    text = f"[upstream]\nmax_connections = {max(args.robot_concurrency) + 16}\n"
+    if args.no_attribution:  # a diagnostic: the fake upstream answers its look-ups with 404
+        text += "[accounting]\nattribution = false\n"
+    config.write_text(text)
     proxies: dict[str, Proc] = {}
     for mode, uv in _relays_wanted(args, want_uvloop):
         if mode in REFERENCES:

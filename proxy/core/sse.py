@@ -62,6 +62,18 @@ class SSEFramer:
         """Bytes currently held: partial line, undecided BOM bytes and data of the event."""
         return len(self._head or b"") + len(self._buf) + self._size
 
+    @property
+    def idle(self) -> bool:
+        """Between events: nothing held, no event begun or being skipped, no CR pending and
+        the leading BOM settled. Then how bytes frame depends on them alone."""
+        return not (
+            self._head is not None
+            or self._buf
+            or self._dirty
+            or self._discarding
+            or self._trailing_cr
+        )
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume ``chunk`` and return the events it completes; never raises."""
         out: list[SSEEvent] = []
@@ -69,7 +81,7 @@ class SSEFramer:
             self._head is not None
             or self._trailing_cr
             or type(chunk) is not bytes
-            or b"\r" in chunk
+            or chunk.find(b"\r") >= 0  # faster than ``in`` for one byte
         ):
             chunk = self._normalise(chunk)
         if not chunk:

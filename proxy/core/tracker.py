@@ -9,6 +9,20 @@ llama-server writes compact JSON in which a key cannot occur unescaped inside a 
 Where those keys sit is the API's :class:`~proxy.core.dialects.Dialect`, chosen once per
 response.
 
+**The hot path** (issue 15): llama-server's token events differ from each other only in the
+token's text (and, once a second, in ``created``). Once the tracker has read one token event
+the slow way (framer, both byte patterns), it keeps that event's bytes around the text as a
+*template*; the next event whose bytes are the template with another text, free of quotes
+and line breaks, is counted as a token event from three ``bytes`` comparisons, with no framer
+call, no pattern search and no object made. That is exact, not a heuristic: such an event
+frames the same way, and the dialect's patterns find the same in it, as in the template's
+event, unless its text is one of the few pieces a pattern match could span (the text between
+two quotes in a string the ``interesting`` pattern matches, such as ``usage``), which takes
+the slow path. :func:`_fast_spec` works those pieces out from the pattern once per dialect;
+a dialect whose patterns do not allow the argument (an unbounded pattern, say) gets no fast
+path. Anything else (the first event, tool-call deltas, the last event with ``timings``, a
+new ``created``, CR line ends, another framing) goes through the framer as before.
+
 :meth:`StreamTracker.feed` never raises: an exception in the analysis is kept in
 ``analysis_error`` and the analysis stops, while the relay goes on forwarding bytes.
 """
@@ -16,9 +30,11 @@ response.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -122,6 +138,14 @@ class StreamTracker:
         self._error: str | None = None
         self._analysis_error: str | None = skip
         self._done = False
+        # the fast path: the spec of this dialect (None: none), the template learnt from the
+        # last token event read the slow way, and the template in force (None while the
+        # framer is inside an event, or nothing was learnt)
+        self._spec = _fast_spec(dialect.token, dialect.interesting, dialect.end_data)
+        self._cap = max_event_bytes
+        self._learnt: _Template | None = None
+        self._tpl: _Template | None = None
+        self._plain: bytes | None = None  # the last token event read without parsing
 
     @property
     def done(self) -> bool:
@@ -144,17 +168,124 @@ class StreamTracker:
         if self._analysis_error is not None:
             return
         try:
+            tpl = self._tpl
+            if tpl is not None and type(chunk) is bytes and chunk.startswith(tpl.head):
+                # one token event of the template's shape (the common case), inline
+                s = tpl.text_at
+                q = chunk.find(b'"', s)
+                end = q + tpl.tail_len
+                if (
+                    q > s
+                    and end == len(chunk)
+                    and chunk.startswith(tpl.tail, q)
+                    and end <= self._cap
+                    and chunk[s:q] not in tpl.spans
+                    and chunk.find(b"\n", s, q) < 0
+                    and chunk.find(b"\r", s, q) < 0
+                ):
+                    self._events += 1
+                    self._token_events += 1
+                    self._last_token = now
+                    return
+                pos = self._fast_events(chunk, tpl, now)
+                if pos:
+                    chunk = chunk[pos:]
+                    if not chunk:
+                        return
             if self._framer is not None:
-                for event in self._framer.feed(chunk):
-                    self._on_event(event.data, now)
+                self._framed(chunk, now)
             elif self._body is not None:
-                if self._bytes <= self._max_body:
-                    self._body.append(chunk)
-                else:
-                    self._body = None
-                    self._analysis_error = "response_body_too_large"
+                self._keep(chunk)
         except Exception as exc:  # the analysis must never disturb the relay
             self._analysis_error = f"tracker: {type(exc).__name__}"
+
+    def _keep(self, chunk: bytes) -> None:
+        """Keep a plain body's chunk, within ``max_body_bytes``."""
+        assert self._body is not None
+        if self._bytes <= self._max_body:
+            self._body.append(chunk)
+        else:
+            self._body = None
+            self._analysis_error = "response_body_too_large"
+
+    def _fast_events(self, chunk: bytes, tpl: _Template, now: float) -> int:
+        """Count the template's token events at the start of ``chunk``; where they end."""
+        pos = 0
+        n = len(chunk)
+        head, tail, spans = tpl.head, tpl.tail, tpl.spans
+        lh, lt, cap = len(head), tpl.tail_len, self._cap
+        count = 0
+        while chunk.startswith(head, pos):
+            s = pos + lh
+            q = chunk.find(b'"', s)
+            end = q + lt
+            if not (
+                q > s
+                and end <= n
+                and chunk.startswith(tail, q)
+                and end - pos <= cap
+                and chunk[s:q] not in spans
+                and chunk.find(b"\n", s, q) < 0
+                and chunk.find(b"\r", s, q) < 0
+            ):
+                break
+            count += 1
+            pos = end
+        if count:
+            self._events += count
+            self._token_events += count
+            self._last_token = now
+        return pos
+
+    def _framed(self, chunk: bytes, now: float) -> None:
+        """The slow path: frame ``chunk`` and read its events; then, when the framer is
+        between events, put a template in force (a new one when the last event was a plain
+        token event)."""
+        framer = self._framer
+        assert framer is not None
+        idle_before = self._tpl is not None or (self._spec is not None and framer.idle)
+        self._tpl = None
+        events = framer.feed(chunk)
+        for event in events:
+            self._on_event(event.data, now)
+        if self._spec is None or not framer.idle:
+            return
+        if events and events[-1].data is self._plain:
+            self._learnt = self._learn(chunk, events[-1].data, idle_before) or self._learnt
+        self._tpl = self._learnt
+
+    def _learn(self, chunk: bytes, data: bytes, idle_before: bool) -> _Template | None:
+        """A template from ``chunk``'s last event, whose data ``data`` :meth:`_on_event`
+        found to be a token event it had no need to parse; None when it cannot be one."""
+        spec = self._spec
+        if spec is None or type(chunk) is not bytes:
+            return None
+        match = spec.token(data)
+        k = match.end() - 1 if match is not None else -1  # where the token's text starts
+        q = data.find(b'"', k)  # where it ends
+        data_at = len(chunk) - 2 - len(data)
+        if (
+            k < 1
+            or data[k - 1] != 34  # the pattern's last byte is the text's first
+            or q <= k
+            or data.find(b"\n") >= 0
+            or chunk.find(b"\r") >= 0
+            or not chunk.endswith(b"\n\n")
+            or not chunk.startswith(data, data_at)
+        ):
+            return None
+        start = chunk.rfind(b"\n\n", 0, data_at) + 2  # the event's first line
+        if start == 1:  # it began in an earlier chunk, or this one
+            if not idle_before:
+                return None
+            start = 0
+        prefix = chunk[start:data_at]
+        if not (prefix == b"data: " or prefix.endswith(b"\ndata: ")):
+            return None
+        before, after = data[:k], data[q:]
+        if not spec.safe(before, after):
+            return None
+        return _Template(prefix + before, after + b"\n\n", spec.spans)
 
     def _on_event(self, data: bytes, now: float) -> None:
         self._events += 1
@@ -166,6 +297,8 @@ class StreamTracker:
         carries_token = self._carries_token(data) is not None
         if self._events == 1 or self._interesting(data) is not None:
             carries_token = self._read_event(data, now) or carries_token
+        elif carries_token:
+            self._plain = data  # a template candidate
         if carries_token:
             self._token(now)
 
@@ -283,6 +416,118 @@ class StreamTracker:
             ),
             analysed=self._skip is None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """A token event's bytes without its text: ``head`` (its lines up to the text's first
+    byte, from the last event's end) and ``tail`` (from the text's closing quote to the
+    blank line), and the texts that must take the slow path."""
+
+    head: bytes
+    tail: bytes
+    spans: frozenset[bytes]
+    text_at: int = 0
+    tail_len: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text_at", len(self.head))
+        object.__setattr__(self, "tail_len", len(self.tail))
+
+
+@dataclass(frozen=True, slots=True)
+class _FastSpec:
+    """What the fast path needs of a dialect's ``interesting`` pattern: its matches (a
+    finite set, each with a quote), as the proof in the module docstring reads them."""
+
+    token: Callable[[bytes], re.Match[bytes] | None]
+    matches: frozenset[bytes]
+    spans: frozenset[bytes]
+    """The texts between two consecutive quotes of a match: a token's text equal to one of
+    them could complete a match across the template's quotes."""
+
+    def safe(self, before: bytes, after: bytes) -> bool:
+        """No match can begin in ``before`` and end in the text, or begin in the text and
+        end in ``after``, whatever the text (free of quotes) is."""
+        for m in self.matches:
+            first, last = m.index(b'"'), m.rindex(b'"')
+            if last + 1 < len(m) and before.endswith(m[: last + 1]):
+                return False
+            if first > 0 and after.startswith(m[first:]):
+                return False
+        return True
+
+
+@lru_cache(maxsize=32)
+def _fast_spec(
+    token: re.Pattern[bytes], interesting: re.Pattern[bytes], end_data: bytes | None
+) -> _FastSpec | None:
+    """The fast path's reading of a dialect's patterns, or None when the argument does not
+    hold for them: ``token`` must end with ``[^"]`` (the text's first byte) and
+    ``interesting`` match a finite set of strings, each holding a quote."""
+    if not token.pattern.endswith(b'[^"]') or (end_data is not None and b'"' in end_data):
+        return None
+    matches = _language(interesting.pattern)
+    if matches is None or not matches or any(b'"' not in m for m in matches):
+        return None
+    spans = frozenset(part for m in matches for part in m.split(b'"')[1:-1])
+    return _FastSpec(token.search, frozenset(matches), spans)
+
+
+_LANGUAGE_LIMIT = 4096
+
+
+def _language(pattern: bytes) -> set[bytes] | None:
+    """Every string ``pattern`` matches, when they are few (literals, groups, alternatives,
+    bounded repeats, classes of literals); None otherwise. Reads the pattern with the
+    ``re`` module's own parser."""
+    parser: Any = getattr(re, "_parser", None)  # imported by ``re`` itself (Python 3.11+)
+    if parser is None:
+        return None
+    try:
+        return _sequence(parser, parser.parse(pattern))
+    except (AttributeError, TypeError, ValueError, re.error):
+        return None
+
+
+def _sequence(parser: Any, items: Iterable[tuple[Any, Any]]) -> set[bytes] | None:
+    out = {b""}
+    for op, av in items:
+        alternatives = _node(parser, op, av)
+        if alternatives is None:
+            return None
+        out = {a + b for a in out for b in alternatives}
+        if len(out) > _LANGUAGE_LIMIT:
+            return None
+    return out
+
+
+def _node(parser: Any, op: Any, av: Any) -> set[bytes] | None:
+    if op == parser.LITERAL:
+        return {bytes([av])}
+    if op == parser.SUBPATTERN:
+        _group, add_flags, del_flags, items = av
+        return _sequence(parser, items) if not (add_flags or del_flags) else None
+    if op == parser.BRANCH:
+        out: set[bytes] = set()
+        for items in av[1]:
+            branch = _sequence(parser, items)
+            if branch is None:
+                return None
+            out |= branch
+        return out
+    if op == parser.MAX_REPEAT or op == parser.MIN_REPEAT:
+        low, high, items = av
+        if high > 8:
+            return None
+        return _sequence(
+            parser,
+            [(parser.SUBPATTERN, (None, 0, 0, items))] * low
+            + [(parser.BRANCH, (None, [[], items]))] * (high - low),
+        )
+    if op == parser.IN and all(kind == parser.LITERAL for kind, _ in av):
+        return {bytes([c]) for _, c in av}
+    return None
 
 
 def _later(earlier: ServerTimings, later: ServerTimings) -> ServerTimings:

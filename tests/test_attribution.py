@@ -12,7 +12,12 @@ import orjson
 import pytest
 
 from proxy.core.request import analyse_request
-from proxy.serve.attribution import Attributor, ImagesInPrompt
+from proxy.serve.attribution import (
+    UNSUPPORTED_RETRY_S,
+    Attributor,
+    ImagesInPrompt,
+    LookupUnsupported,
+)
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import make_timings
 from tests.test_accounting import (
@@ -245,3 +250,40 @@ async def test_a_prompt_with_images_is_not_attributed_and_says_why() -> None:
     assert task is not None
     with pytest.raises(ImagesInPrompt):
         await task
+
+
+async def test_an_upstream_without_the_lookups_is_not_asked_again_for_a_while() -> None:
+    """An upstream that answers /tokenize or /apply-template with 404 (not llama-server) is
+    asked once: for UNSUPPORTED_RETRY_S every later prompt gets that refusal at once (the
+    record's attribution_error), with no request; after it, the look-ups are tried again."""
+    posts: list[str] = []
+    now = [1000.0]
+
+    async def post(path: str, body: dict[str, Any]) -> Any:
+        posts.append(path)
+        raise LookupUnsupported(f"{path}: 404")
+
+    attributor = Attributor(post, clock=lambda: now[0])
+
+    def facts(n: int) -> Any:
+        body = {"messages": [{"role": "user", "content": f"turn {n}"}], "max_tokens": 4}
+        return analyse_request("POST", "/v1/chat/completions", orjson.dumps(body))
+
+    first = attributor.begin(facts(0))
+    assert first is not None
+    with pytest.raises(LookupUnsupported):
+        await first
+    asked = len(posts)
+    assert asked >= 1
+    for n in range(1, 20):
+        refused = attributor.begin(facts(n))
+        assert refused is not None and refused.done()
+        with pytest.raises(LookupUnsupported):
+            await refused
+    assert len(posts) == asked, "no look-up while the refusal stands"
+    now[0] += UNSUPPORTED_RETRY_S + 1
+    again = attributor.begin(facts(99))
+    assert again is not None
+    with pytest.raises(LookupUnsupported):
+        await again
+    assert len(posts) > asked

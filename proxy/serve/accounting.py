@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -56,7 +56,7 @@ from proxy.core.schema import (
 )
 from proxy.core.setup import tools_in_prompt
 from proxy.core.tracker import Observation
-from proxy.serve.attribution import Attributor
+from proxy.serve.attribution import Attributor, LookupUnsupported
 from proxy.serve.tasks import spawn
 from proxy.serve.upstream import auth_headers
 
@@ -75,7 +75,7 @@ count of the whole request per image)."""
 _LAYOUT_ERRORS = (KeyError, ValueError, TypeError, aiohttp.ClientError, TimeoutError)
 
 
-class _Unsupported(Exception):
+class _Unsupported(LookupUnsupported):
     """The upstream has no such endpoint (404/501/405): use the estimate."""
 
 
@@ -121,7 +121,7 @@ class Pending:
 
     facts: RequestFacts
     schema: asyncio.Task[SchemaInfo] | None
-    prompt: asyncio.Task[RenderedPrompt] | None = None
+    prompt: asyncio.Future[RenderedPrompt] | None = None
     conversation: str | None = None
     """The conversation id the agent sent in the configured header."""
     images: asyncio.Task[ImageInfo] | None = None
@@ -667,7 +667,7 @@ class Accounting:
         }
 
 
-async def _joined(task: asyncio.Task[_T], limit_s: float) -> tuple[_T | None, str | None]:
+async def _joined(task: Awaitable[_T], limit_s: float) -> tuple[_T | None, str | None]:
     """The result of a shared look-up ``task`` (never cancelled by a waiter), or None and
     why not: its exception's name, or ``cancelled``."""
     try:

@@ -12,6 +12,7 @@ text, unless ``[privacy] show_diff_text`` is on.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -68,6 +69,16 @@ def _priced(tokens: int | None, ms_per_token: float | None) -> float | None:
     return round(tokens * ms_per_token, 3) if tokens and ms_per_token else None
 
 
+UNSUPPORTED_RETRY_S = 60.0
+"""After the upstream answered a look-up with 404/405/501 (a server without
+``/apply-template`` or ``/tokenize``), no prompt is rendered for this long: every request
+would otherwise pay the failed look-ups again."""
+
+
+class LookupUnsupported(Exception):
+    """The upstream has no such endpoint (it answered 404, 405 or 501)."""
+
+
 class ImagesInPrompt(Exception):
     """The prompt has image parts: its token positions are not modelled (the record's
     ``attribution_error`` names this class)."""
@@ -85,8 +96,12 @@ class Attributor:
         keep_text: bool = False,
         on_event: Callable[..., None] | None = None,
         context_size: Callable[[], int | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._post = post
+        self._clock = clock
+        self._unsupported_until = float("-inf")
+        self._unsupported: asyncio.Future[RenderedPrompt] | None = None
         self._keep_text = keep_text
         self._max = cache_entries
         self._cache: OrderedDict[str, asyncio.Task[RenderedPrompt]] = OrderedDict()
@@ -104,10 +119,14 @@ class Attributor:
         for task in self._cache.values():
             task.cancel()
 
-    def begin(self, facts: RequestFacts) -> asyncio.Task[RenderedPrompt] | None:
-        """Start rendering a chat or tool prompt (cached by its content); None otherwise."""
+    def begin(self, facts: RequestFacts) -> asyncio.Future[RenderedPrompt] | None:
+        """Start rendering a chat or tool prompt (cached by its content); None otherwise.
+        Within :data:`UNSUPPORTED_RETRY_S` of the upstream refusing a look-up, the answer is
+        that refusal at once, with no request made."""
         if facts.kind not in (Kind.CHAT, Kind.TOOL):
             return None
+        if self._clock() < self._unsupported_until and self._unsupported is not None:
+            return self._unsupported
         chat = chat_body_of(facts)
         if chat is None:
             return None
@@ -123,6 +142,17 @@ class Attributor:
         return task
 
     async def _render(self, chat: dict[str, Any]) -> RenderedPrompt:
+        try:
+            return await self._rendered(chat)
+        except LookupUnsupported as exc:
+            self._unsupported_until = self._clock() + UNSUPPORTED_RETRY_S
+            refused: asyncio.Future[RenderedPrompt] = asyncio.get_running_loop().create_future()
+            refused.set_exception(exc)
+            refused.exception()  # retrieved: those who join it get it, nobody else warns
+            self._unsupported = refused
+            raise
+
+    async def _rendered(self, chat: dict[str, Any]) -> RenderedPrompt:
         if CHAT_COMPLETIONS.image_parts is not None and CHAT_COMPLETIONS.image_parts(chat):
             # /tokenize reads the media marker as text, not as the image's block of tokens:
             # every position after it would be wrong, so such a prompt is not attributed

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.record import ServerTimings, derive
+from proxy.core.assemble import Exchange, build_record
+from proxy.core.record import Outcome, ServerTimings, derive
 from proxy.core.request import analyse_request
-from proxy.core.tracker import Observation, StreamTracker, ToolCall
+from proxy.core.tracker import MAX_REASONING_BYTES, Observation, StreamTracker, ToolCall
 from tests.fakes import DONE, PING, RECORDINGS_DIR, chat_event, load_recording, make_timings
 
 T0 = 0.0  # the request arrival on the fake clock (exact float arithmetic for recorded times)
@@ -1154,3 +1155,111 @@ class TestFastPath:
 
         fast = {d.name for d in DIALECTS if _fast_spec(d.token, d.interesting, d.end_data)}
         assert fast == {"chat_completions", "completions", "messages"}
+
+
+def reasoning(text: str) -> bytes:
+    """A Chat Completions reasoning delta, as llama-server streams thinking."""
+    return chat_event({"reasoning_content": text})
+
+
+class TestReasoning:
+    """Thinking before the answer or the call: its first and last delta and its text."""
+
+    THOUGHTS = ("The user", " wants the", " weather:", ' "Paris"', " caf\u00e9\n", " call it.")
+
+    def _stream(self) -> list[tuple[float, bytes]]:
+        chunks = [
+            role(),
+            *(reasoning(t) for t in self.THOUGHTS),
+            tool_delta(0, name="get_weather", args="", call_id="c1"),
+            tool_delta(0, args='{"city": "Paris"}'),
+            finish("tool_calls", TIMINGS),
+            DONE,
+        ]
+        return at_one_per_second(chunks)
+
+    def test_reasoning_times_and_text_one_event_per_chunk(self) -> None:
+        """Six reasoning deltas (one per chunk: most go the fast path, a quoted and an
+        accented one the slow): first at 2 s, last at 7 s, the text joined exactly."""
+        obs = run_sse(self._stream())
+        assert (obs.reasoning_first_s, obs.reasoning_last_s) == (2.0, 7.0)
+        assert obs.reasoning_text == "".join(self.THOUGHTS)
+        assert obs.token_events == 8 and obs.tool_calls[0].name == "get_weather"
+
+    def test_the_same_stream_whole_gives_the_same_reasoning(self) -> None:
+        """All of it in one chunk: the same text, every delta at the chunk's time."""
+        whole = b"".join(c for _, c in self._stream())
+        obs = run_sse([(3.0, whole)])
+        assert obs.reasoning_text == "".join(self.THOUGHTS)
+        assert obs.reasoning_first_s == obs.reasoning_last_s == 3.0
+
+    def test_no_reasoning_gives_none(self) -> None:
+        """A plain answer has no reasoning: None for the times and the text, not 0/''."""
+        obs = run_sse(at_one_per_second([role(), content("Hi"), finish(), DONE]))
+        assert (obs.reasoning_first_s, obs.reasoning_last_s, obs.reasoning_text) == (
+            None,
+            None,
+            None,
+        )
+
+    def test_record_has_reasoning_ms_and_its_share_of_the_call(self) -> None:
+        """The record: reasoning_ms = last - first delta (5,000 ms), reasoning_share = that
+        over tool_call_ms (the call complete at 9 s)."""
+        body = {"messages": [], "tools": [{"type": "function", "function": {"name": "x"}}]}
+        facts = analyse_request("POST", "/v1/chat/completions", orjson.dumps(body))
+        obs = run_sse(self._stream())
+        ex = Exchange("i", "t", "POST", "/v1/chat/completions", 200, Outcome.COMPLETED, 11.0, 1)
+        record = build_record(ex, facts, obs)
+        assert record.reasoning_ms == 5000.0
+        assert record.tool_call_ms == 9000.0
+        assert record.reasoning_share == pytest.approx(5 / 9, abs=1e-6)
+
+    def test_messages_and_responses_thinking(self) -> None:
+        """Messages thinking_delta events and Responses reasoning_text deltas are reasoning
+        too, with their text."""
+        messages = analyse_request("POST", "/v1/messages", b"{}").dialect
+        thinking = [
+            event(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "thinking_delta", "thinking": t},
+                }
+            )
+            for t in ("Let me", " think.")
+        ]
+        obs = run_sse(at_one_per_second(thinking), dialect=messages)
+        assert obs.reasoning_text == "Let me think." and obs.reasoning_first_s == 1.0
+        responses = analyse_request("POST", "/v1/responses", b"{}").dialect
+        deltas = [
+            event({"type": "response.reasoning_text.delta", "delta": t, "item_id": "rs_1"})
+            for t in ("Hmm", ", Paris.")
+        ]
+        obs = run_sse(at_one_per_second(deltas), dialect=responses)
+        assert obs.reasoning_text == "Hmm, Paris." and obs.reasoning_last_s == 2.0
+
+    def test_a_plain_body_states_its_reasoning(self) -> None:
+        """A non-streamed answer's message.reasoning_content is the text (no times)."""
+        body = orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "message": {
+                            "role": "assistant",
+                            "content": "ok",
+                            "reasoning_content": "thought",
+                        }
+                    }
+                ]
+            }
+        )
+        obs = run_body([(1.0, body)])
+        assert obs.reasoning_text == "thought" and obs.reasoning_first_s is None
+
+    def test_reasoning_text_is_bounded(self) -> None:
+        """Past MAX_REASONING_BYTES the text is dropped (None) but the times are kept."""
+        big = "x" * 4096
+        n = MAX_REASONING_BYTES // 4096 + 2
+        obs = run_sse(at_one_per_second([reasoning(big) for _ in range(n)]))
+        assert obs.reasoning_text is None
+        assert obs.reasoning_last_s == float(n)

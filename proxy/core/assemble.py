@@ -57,6 +57,11 @@ def outcome_of(ex: Exchange) -> Outcome:
     return ex.outcome
 
 
+def _span(first: float | None, last: float | None) -> float | None:
+    """``last - first``, or None when either is unknown."""
+    return None if first is None or last is None else last - first
+
+
 def _truncated(facts: RequestFacts, o: Observation, valid: bool | None) -> bool | None:
     """A tool turn ended by its token limit while a call's arguments were open or not valid
     JSON; ``False`` for a tool turn that did not; ``None`` for any other request."""
@@ -113,6 +118,12 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_call_tokens=tool_tokens,
         tool_args_chars=sum(len(c.arguments) for c in o.tool_calls) if o.tool_calls else None,
         max_tokens=request_limit(facts.body),
+        reasoning_ms=ms(_span(o.reasoning_first_s, o.reasoning_last_s)),
+        reasoning_share=ratio(
+            ms(_span(o.reasoning_first_s, o.reasoning_last_s)), ms(o.tool_call_s)
+        )
+        if o.tool_calls
+        else None,
         tool_call_truncated=_truncated(facts, o, valid) if recognised else None,
         tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span else None,
         finish_reason=o.finish_reason,

@@ -47,6 +47,10 @@ __all__ = ["Clock", "Observation", "StreamTracker", "ToolCall"]
 
 Clock = Callable[[], float]
 
+MAX_REASONING_BYTES = 256 * 1024
+"""Reasoning text kept per response (to count its tokens); beyond it, the text is dropped
+and only its times are kept."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -85,6 +89,11 @@ class Observation:
     recognised: bool = False
     """Something in the response was the API's own: a token, a tool call, counts, a finish
     reason, an error or an end. Without it the token and call counts are unknown, not 0."""
+    reasoning_first_s: float | None = None
+    reasoning_last_s: float | None = None
+    reasoning_text: str | None = None
+    """The reasoning (thinking) the model streamed, joined; ``None`` when there was none or
+    it was over :data:`MAX_REASONING_BYTES`. Model output: counted, never logged."""
 
 
 @dataclass(slots=True)
@@ -146,6 +155,13 @@ class StreamTracker:
         self._learnt: _Template | None = None
         self._tpl: _Template | None = None
         self._plain: bytes | None = None  # the last token event read without parsing
+        # reasoning: the dialect's pattern, first/last delta times, the text (JSON-escaped
+        # bytes from the fast path, str from parsed events; None once over the cap)
+        self._reasoning = dialect.reasoning.search if dialect.reasoning is not None else None
+        self._reasoning_first: float | None = None
+        self._reasoning_last: float | None = None
+        self._reasoning_parts: list[bytes | str] | None = []
+        self._reasoning_size = 0
 
     @property
     def done(self) -> bool:
@@ -186,18 +202,22 @@ class StreamTracker:
                     self._events += 1
                     self._token_events += 1
                     self._last_token = now
+                    if tpl.reasoning:
+                        self._think(chunk[s:q], now)
                     return
-                pos = self._fast_events(chunk, tpl, now)
-                if pos:
-                    chunk = chunk[pos:]
-                    if not chunk:
-                        return
-            if self._framer is not None:
-                self._framed(chunk, now)
-            elif self._body is not None:
-                self._keep(chunk)
+                chunk = chunk[self._fast_events(chunk, tpl, now) :]  # [0:] is chunk itself
+                if not chunk:
+                    return
+            self._slow(chunk, now)
         except Exception as exc:  # the analysis must never disturb the relay
             self._analysis_error = f"tracker: {type(exc).__name__}"
+
+    def _slow(self, chunk: bytes, now: float) -> None:
+        """Frame ``chunk`` (a stream) or keep it (a plain body)."""
+        if self._framer is not None:
+            self._framed(chunk, now)
+        elif self._body is not None:
+            self._keep(chunk)
 
     def _keep(self, chunk: bytes) -> None:
         """Keep a plain body's chunk, within ``max_body_bytes``."""
@@ -230,6 +250,8 @@ class StreamTracker:
             ):
                 break
             count += 1
+            if tpl.reasoning:
+                self._think(chunk[s:q], now)
             pos = end
         if count:
             self._events += count
@@ -285,7 +307,8 @@ class StreamTracker:
         before, after = data[:k], data[q:]
         if not spec.safe(before, after):
             return None
-        return _Template(prefix + before, after + b"\n\n", spec.spans)
+        thinks = self._reasoning is not None and self._reasoning(data) is not None
+        return _Template(prefix + before, after + b"\n\n", spec.spans, reasoning=thinks)
 
     def _on_event(self, data: bytes, now: float) -> None:
         self._events += 1
@@ -301,6 +324,32 @@ class StreamTracker:
             self._plain = data  # a template candidate
         if carries_token:
             self._token(now)
+            if self._reasoning is not None and self._reasoning(data) is not None:
+                self._think_parsed(data, now)
+
+    def _think(self, text: bytes | str, now: float) -> None:
+        """One reasoning delta at ``now``: its text (JSON-escaped bytes, or a str)."""
+        if self._reasoning_first is None:
+            self._reasoning_first = now
+        self._reasoning_last = now
+        parts = self._reasoning_parts
+        if parts is None:
+            return
+        self._reasoning_size += len(text)
+        if self._reasoning_size > MAX_REASONING_BYTES:
+            self._reasoning_parts = None
+        else:
+            parts.append(text)
+
+    def _think_parsed(self, data: bytes, now: float) -> None:
+        """A reasoning event read the slow way: its text from the parsed JSON."""
+        reader = self._dialect.reasoning_text
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        text = reader(obj) if reader is not None and isinstance(obj, dict) else None
+        self._think(text or "", now)
 
     def _token(self, now: float) -> None:
         self._token_events += 1
@@ -359,6 +408,10 @@ class StreamTracker:
         if not isinstance(obj, dict):
             return
         self._read_object(obj)
+        reader = self._dialect.reasoning_text
+        text = reader(obj) if reader is not None else None
+        if text:
+            self._reasoning_parts = [text]
         calls = self._dialect.body_tool_calls(obj)
         if calls is not None:
             self._merge_tool_deltas(calls)
@@ -415,7 +468,22 @@ class StreamTracker:
                 or self._done
             ),
             analysed=self._skip is None,
+            reasoning_first_s=self._reasoning_first,
+            reasoning_last_s=self._reasoning_last,
+            reasoning_text=self._reasoning_joined(),
         )
+
+    def _reasoning_joined(self) -> str | None:
+        parts = self._reasoning_parts
+        if not parts:
+            return None
+        try:
+            text = "".join(
+                p if isinstance(p, str) else orjson.loads(b'"' + p + b'"') for p in parts
+            )
+        except (orjson.JSONDecodeError, TypeError):  # never: the fast path keeps whole texts
+            return None
+        return text or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +497,8 @@ class _Template:
     spans: frozenset[bytes]
     text_at: int = 0
     tail_len: int = 0
+    reasoning: bool = False
+    """The template's event carries reasoning text: so does every event that fits it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "text_at", len(self.head))

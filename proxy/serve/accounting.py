@@ -569,17 +569,30 @@ class Accounting:
             fields.update(images=pending.image_count, **image_fields)
             if error is not None:
                 errors.append(f"images: {error}")
-        if obs is not None and obs.tool_calls:
-            try:
-                tokens, source = await asyncio.wait_for(self._args_tokens(obs), self._timeout)
-                fields.update(tool_args_tokens=tokens, tool_args_tokens_source=source)
-            except Exception as exc:
-                errors.append(f"tool_args: {type(exc).__name__}")
+        if obs is not None:
+            await self._output_tokens(obs, fields, errors)
         if errors:
             fields["accounting_error"] = "; ".join(errors)
         record = dataclasses.replace(record, **fields)
         found = tools_in_prompt(record)
         return record if found is None else dataclasses.replace(record, tools_in_prompt=found)
+
+    async def _output_tokens(
+        self, obs: Observation, fields: dict[str, Any], errors: list[str]
+    ) -> None:
+        """The tokens of what the model wrote that the server's counts do not split out:
+        the calls' arguments and the reasoning, into ``fields`` (failures into ``errors``)."""
+        if obs.tool_calls:
+            try:
+                tokens, source = await asyncio.wait_for(self._args_tokens(obs), self._timeout)
+                fields.update(tool_args_tokens=tokens, tool_args_tokens_source=source)
+            except Exception as exc:
+                errors.append(f"tool_args: {type(exc).__name__}")
+        if obs.reasoning_text:
+            reasoning, error = await self._reasoning_tokens(obs.reasoning_text)
+            fields["reasoning_tokens"] = reasoning
+            if error is not None:
+                errors.append(error)
 
     async def _join_images(
         self, record: Record, task: asyncio.Task[ImageInfo]
@@ -600,6 +613,16 @@ class Accounting:
         }
         unknown = cost.cached is None and record.cache_n is not None
         return fields, f"position unknown ({info.why})" if unknown else None
+
+    async def _reasoning_tokens(self, text: str) -> tuple[int | None, str | None]:
+        """The reasoning's tokens as the served tokenizer counts them (``/tokenize``), or
+        None and why: no estimate here, an upstream without ``/tokenize`` gives null."""
+        try:
+            return await asyncio.wait_for(self._tokens(text, False), self._timeout), None
+        except _Unsupported:
+            return None, None
+        except Exception as exc:
+            return None, f"reasoning: {type(exc).__name__}"
 
     def _price(self, record: Record, info: SchemaInfo) -> dict[str, Any]:
         totals = self.schemas.get(info.hash)

@@ -128,5 +128,10 @@ class Dialect:
     its template runs: ``/apply-template``, which finds where the tools block sits, takes
     only that form."""
     image_parts: Callable[[dict[str, Any]], list[ImagePart]] | None = None
+    reasoning: re.Pattern[bytes] | None = None
+    """Matches the raw bytes of an event that carries reasoning (thinking) text, or None: the
+    API has none. Only searched in token events."""
+    reasoning_text: Callable[[dict[str, Any]], str | None] | None = None
+    """The reasoning text a parsed event (a delta) or a whole body states, or None."""
     """The image parts of a request body, in the order its rendered prompt holds them (None:
     the API carries no images the proxy accounts for)."""

@@ -144,6 +144,22 @@ def _image_parts(body: dict[str, Any]) -> list[ImagePart]:
     return out
 
 
+def _reasoning_text(obj: dict[str, Any]) -> str | None:
+    """``choices[].delta.reasoning_content`` (an event) or ``.message.reasoning_content``
+    (a body), joined."""
+    choices = obj.get("choices")
+    parts = []
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        for key in ("delta", "message"):
+            inner = choice.get(key)
+            text = inner.get("reasoning_content") if isinstance(inner, dict) else None
+            if isinstance(text, str):
+                parts.append(text)
+    return "".join(parts) if parts else None
+
+
 CHAT_COMPLETIONS = Dialect(
     name="chat_completions",
     handles=_is_chat,
@@ -161,4 +177,6 @@ CHAT_COMPLETIONS = Dialect(
     system_turn=_system_turn,
     chat_form=lambda turn: turn,
     image_parts=_image_parts,
+    reasoning=re.compile(rb'"reasoning_content": ?"'),
+    reasoning_text=_reasoning_text,
 )

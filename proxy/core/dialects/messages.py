@@ -348,6 +348,23 @@ def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
     return {**out, "messages": messages}
 
 
+def _thinking_text(obj: dict[str, Any]) -> str | None:
+    """A ``thinking_delta``'s text (an event), or the ``thinking`` blocks' text (a body)."""
+    delta = obj.get("delta")
+    if isinstance(delta, dict) and delta.get("type") == "thinking_delta":
+        text = delta.get("thinking")
+        return text if isinstance(text, str) else None
+    content = obj.get("content")
+    parts = [
+        block["thinking"]
+        for block in (content if isinstance(content, list) else ())
+        if isinstance(block, dict)
+        and block.get("type") == "thinking"
+        and isinstance(block.get("thinking"), str)
+    ]
+    return "".join(parts) if parts else None
+
+
 MESSAGES = Dialect(
     name="messages",
     handles=_is_messages,
@@ -370,4 +387,6 @@ MESSAGES = Dialect(
     system_turn=_system_turn,
     chat_form=_chat_form,
     image_parts=_image_parts,
+    reasoning=re.compile(rb'"thinking_delta"'),
+    reasoning_text=_thinking_text,
 )

@@ -366,6 +366,28 @@ def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
     return {**out, "messages": messages}
 
 
+_REASONING_DELTAS = frozenset(
+    {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
+)
+
+
+def _reasoning_text(obj: dict[str, Any]) -> str | None:
+    """A reasoning delta's text (an event), or the reasoning items' text (a body)."""
+    if obj.get("type") in _REASONING_DELTAS:
+        delta = obj.get("delta")
+        return delta if isinstance(delta, str) else None
+    output = obj.get("output")
+    parts: list[str] = []
+    for item in output if isinstance(output, list) else ():
+        if not isinstance(item, dict) or item.get("type") != "reasoning":
+            continue
+        content = item.get("content")
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+    return "".join(parts) if parts else None
+
+
 RESPONSES = Dialect(
     name="responses",
     handles=_is_responses,
@@ -391,5 +413,7 @@ RESPONSES = Dialect(
     system_turn=_system_turn,
     chat_form=_chat_form,
     image_parts=_image_parts,
+    reasoning=re.compile(rb'"type": ?"response\.reasoning(?:_summary)?_text\.delta"'),
+    reasoning_text=_reasoning_text,
 )
 """The Responses API; each response's calls are read by a :func:`new_call_reader` of its own."""

@@ -122,3 +122,55 @@ def test_max_tokens_too_small_cuts_the_call_off(
     assert record["tool_call_truncated"] is True
     found = {f["cause"]: f for f in _stats(proxy_process)["findings"]}
     assert found["tool_call_truncated"]["requests"] >= 1
+
+
+def _streamed(url: str, body: dict[str, Any]) -> tuple[str, bool, str]:
+    """POST a streamed request; the reasoning text streamed, whether a call came, the id."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    thoughts: list[str] = []
+    called = False
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        request_id = resp.headers["X-Timing-Proxy-Request-Id"]
+        for line in resp.read().decode().splitlines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[len("data: ") :]).get("choices", []):
+                delta = choice.get("delta", {})
+                thoughts.append(delta.get("reasoning_content") or "")
+                called = called or bool(delta.get("tool_calls"))
+    return "".join(thoughts), called, request_id
+
+
+def test_thinking_before_the_call_is_timed_and_counted(
+    llama_artifacts: LlamaArtifacts, tmp_path: Path
+) -> None:
+    """With a template that opens the model's thinking (QwQ's: ``<think>`` after the
+    generation prompt), what the model streams is reasoning: the record has reasoning_ms from
+    its first to its last delta, and reasoning_tokens equal to llama-server's own /tokenize
+    count of the reasoning text the test read from the stream."""
+    qwq = llama_artifacts.template.parent / "Qwen-QwQ-32B.jinja"
+    args = ("--chat-template-file", str(qwq))
+    body = {**TOOL_REQUEST, "stream": True, "max_tokens": 40}
+    del body["chat_template_kwargs"]
+    with (
+        started_llama_server(
+            llama_artifacts, tmp_path / "llama", extra_args=args, own_template=True
+        ) as server,
+        proxy_in_front_of(server.url, tmp_path / "proxy") as proxy,
+    ):
+        thoughts, called, request_id = _streamed(proxy.url + "/v1/chat/completions", body)
+        if not thoughts:
+            pytest.fail("the model streamed no reasoning with the thinking template")
+        record = proxy.record(request_id, within=RECORD_WAIT_S)
+        counted, _ = post_json(
+            server.url + "/tokenize",
+            {"content": thoughts, "add_special": False, "parse_special": True},
+        )
+        assert record["reasoning_tokens"] == len(counted["tokens"])
+        assert record["reasoning_ms"] is not None and record["reasoning_ms"] > 0
+        if called:  # the small model rarely gets to a call after thinking: when it does
+            assert record["reasoning_share"] is not None
+            found = {f["cause"] for f in _stats(proxy)["findings"]}
+            assert "thinking_before_call" in found

@@ -33,6 +33,9 @@ from proxy.core.stats import (
     summarize_kind,
 )
 
+GC_NOISE = 4
+"""Objects the collector tracks that may appear or vanish between two counts for reasons
+other than the code under test (seen: 1 in CI)."""
 SEED_TOOL_TOTALS = [3172.0, 1813.0, 2061.0, 1432.0, 4071.0]  # ms, the seed's five tool calls
 ROUNDING = 0.0011
 """Both sides are rounded to 0.001 (0.0005 each), plus float noise."""
@@ -267,7 +270,9 @@ class TestStats:
                 stats.add(rec(i, kind, ttft_ms=float(i), prefill_ms=None, decode_tok_s=12.5))
             gc.collect()
             counts.append(len(gc.get_objects()) - before)
-        assert counts[0] == counts[1] == counts[2] < 60
+        # a few objects of the interpreter's own (another test's thread, a cache) may come
+        # and go meanwhile: growth with the records would be thousands
+        assert max(counts) - min(counts) <= GC_NOISE and max(counts) < 60
         assert stats.snapshot()["kinds"]["tool"]["window"] == 1000
 
     def test_memory_stops_growing_once_the_windows_are_full(self) -> None:
@@ -625,7 +630,8 @@ class TestPerApi:
                 stats.add(rec(i, kind, api=api, ttft_ms=float(i)))
             gc.collect()
             counts.append(len(gc.get_objects()) - before)
-        assert counts[0] == counts[1] == counts[2] < 4 * 60  # four API windows
+        assert max(counts) - min(counts) <= GC_NOISE  # see the test above
+        assert max(counts) < 4 * 60  # four API windows
         assert stats.snapshot()["by_api"]["responses"]["kinds"]["tool"]["window"] == 750
 
 

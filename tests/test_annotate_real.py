@@ -21,6 +21,7 @@ import httpx
 import httpx_sse
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from pydantic import SecretStr
 
 from proxy.commands.provision import LlamaServer
 from proxy.core.annotate import FIELDS
@@ -342,20 +343,19 @@ class TestAnthropic:
 
 
 class TestLangChain:
-    """LangChain's ChatOpenAI, when installed (it is not a test dependency: it reads the
-    stream through the ``openai`` SDK, tested above)."""
+    """LangChain's ChatOpenAI (a test dependency: ``langchain-openai``)."""
 
     def test_stream(self, proxy: ProxyProcess) -> None:
         """The same streamed text with and without annotation."""
-        langchain_openai = pytest.importorskip("langchain_openai")
+        import langchain_openai
 
         def run(on: bool) -> str:
             model = langchain_openai.ChatOpenAI(
                 base_url=proxy.url + "/v1",
-                api_key="unused",
+                api_key=SecretStr("unused"),
                 model="gemma",
                 temperature=0,
-                max_tokens=24,
+                max_completion_tokens=24,
                 default_headers=ON if on else None,
             )
             return "".join(str(chunk.content) for chunk in model.stream("Name three colours."))

@@ -119,9 +119,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_args_chars=sum(len(c.arguments) for c in o.tool_calls) if o.tool_calls else None,
         max_tokens=request_limit(facts.body),
         reasoning_ms=ms(_span(o.reasoning_first_s, o.reasoning_last_s)),
-        reasoning_share=ratio(
-            ms(_span(o.reasoning_first_s, o.reasoning_last_s)), ms(o.tool_call_s)
-        )
+        reasoning_share=ratio(ms(_span(o.reasoning_first_s, o.reasoning_last_s)), ms(o.tool_call_s))
         if o.tool_calls
         else None,
         tool_call_truncated=_truncated(facts, o, valid) if recognised else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,7 +225,7 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a flat JSON-ready mapping (enums as their string values)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = dict(zip(_NAMES, _values(self), strict=True))
         out["kind"] = str(self.kind)
         out["outcome"] = str(self.outcome)
         return out
@@ -232,11 +233,17 @@ class Record:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
         """Rebuild a record from a log line, ignoring keys that are not fields."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs = {k: v for k, v in data.items() if k in _NAME_SET}
         kwargs["kind"] = Kind(kwargs.get("kind", "other"))
         kwargs["outcome"] = Outcome(kwargs.get("outcome", "completed"))
         return cls(**kwargs)
+
+
+_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record))
+"""The record's field names in declaration order (the log line's key order)."""
+_NAME_SET = frozenset(_NAMES)
+_values: Any = operator.attrgetter(*_NAMES)
+"""All the field values of a record at once, as a tuple in :data:`_NAMES` order."""
 
 
 def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, Any]:

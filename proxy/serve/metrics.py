@@ -268,6 +268,7 @@ class Metrics:
         self._models: set[str] = set()
         self._cache: dict[tuple[str, str, str], _Children] = {}
         self._lost: dict[tuple[str, str], Any] = {}
+        self._counted: dict[tuple[str, str, str, Outcome, int | None], Any] = {}
 
     def _model(self, name: str | None) -> str:
         model = name or "unknown"
@@ -314,7 +315,13 @@ class Metrics:
         kind = str(record.kind)
         api = record.api or "other"
         c = self._children(model, kind, api)
-        self.requests.labels(model, kind, api, str(record.outcome), str(record.status or 0)).inc()
+        key = (model, kind, api, record.outcome, record.status)
+        counted = self._counted.get(key)
+        if counted is None:  # labels() looked up once per series, as in _children
+            counted = self._counted[key] = self.requests.labels(
+                model, kind, api, str(record.outcome), str(record.status or 0)
+            )
+        counted.inc()
         if record.outcome is Outcome.COMPLETED:  # an error's few ms are no latency
             _observe_latency(c, record)
         if record.prompt_tokens is not None and record.cache_n is not None:

@@ -11,6 +11,7 @@ from proxy.core.request import RequestFacts
 from proxy.core.stats import Stats
 from proxy.core.tracker import Observation
 from proxy.serve.keys import RecordSink
+from proxy.serve.logs import write_record_line
 from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
 
@@ -37,8 +38,10 @@ class RecordSinks:
     def log_record(self, record: Record, facts: RequestFacts, obs: Observation | None) -> None:
         """Write the record as one ``request_completed`` line (a warning when the upstream
         could not be reached)."""
-        write = self._log.warning if record.outcome in _WARN else self._log.info
-        write("request_completed", **record.to_dict())
+        warning = record.outcome in _WARN
+        if not write_record_line(record, warning=warning):  # structlog's set-up replaced
+            write = self._log.warning if warning else self._log.info
+            write("request_completed", **record.to_dict())
 
     def __call__(self, record: Record, facts: RequestFacts, obs: Observation | None) -> None:
         record = self._model_info.enrich(record)

@@ -1,0 +1,76 @@
+"""When the relay hands a finished exchange's record to the sinks: ``HANDOFF_DELAY_S``
+after the exchange ended, together with the others ended meanwhile, in order, with the
+times of the end itself; at once when the proxy drains."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.core.headers import REQUEST_ID_HEADER
+from proxy.serve import relay as relay_module
+from proxy.serve.app import RELAY
+from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.fakes import FakeUpstream, json_response
+
+BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
+
+
+async def _proxy(fake: tuple[FakeUpstream, TestServer], make_proxy: ProxyFactory) -> ProxyUnderTest:
+    upstream, server = fake
+    upstream.script = json_response(200, b'{"ok":true}')
+    return await make_proxy(str(server.make_url("")).rstrip("/"))
+
+
+async def _ask(proxy: ProxyUnderTest) -> str:
+    """One request, read whole; its request id."""
+    resp = await proxy.client.post("/v1/chat/completions", data=BODY)
+    await resp.read()
+    return resp.headers[REQUEST_ID_HEADER]
+
+
+async def test_records_come_after_the_delay_in_order_with_the_end_times(
+    fake: tuple[FakeUpstream, TestServer],
+    make_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a 0.3 s hand-off, three exchanges ended in a row have no record at first, then
+    all three arrive, in the order they ended, each with the e2e time of its own end (well
+    under the delay), not of the hand-off."""
+    monkeypatch.setattr(relay_module, "HANDOFF_DELAY_S", 0.3)
+    proxy = await _proxy(fake, make_proxy)
+    t0 = time.perf_counter()
+    ids = [await _ask(proxy) for _ in range(3)]
+    if time.perf_counter() - t0 < 0.25:  # a slow machine may pass the delay already
+        assert proxy.captured.records == []
+    for _ in range(200):
+        if len(proxy.captured.records) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert [r.id for r in proxy.captured.records] == ids
+    for record in proxy.captured.records:
+        assert record.e2e_ms is not None and record.e2e_ms < 250
+
+
+async def test_drain_hands_off_at_once(
+    fake: tuple[FakeUpstream, TestServer],
+    make_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At shutdown the drain builds and hands off the waiting records itself (a 60 s
+    hand-off never delays the exit), and the timer it replaces writes nothing twice."""
+    monkeypatch.setattr(relay_module, "HANDOFF_DELAY_S", 60.0)
+    proxy = await _proxy(fake, make_proxy)
+    first = await _ask(proxy)
+    second = await _ask(proxy)
+    await asyncio.sleep(0.05)  # the handlers' ends have run
+    assert proxy.captured.records == []
+    relay = proxy.app[RELAY]
+    await relay.drain()
+    assert [r.id for r in proxy.captured.records] == [first, second]
+    await relay.drain()
+    await asyncio.sleep(0.05)
+    assert len(proxy.captured.records) == 2

@@ -9,7 +9,22 @@ from typing import Any
 
 from proxy.core.headers import REQUEST_ID_HEADER
 
-__all__ = ["post_json"]
+__all__ = ["GET_WEATHER", "post_json"]
+
+GET_WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+"""The one tool of the real tests' weather requests (the Qwen3 template renders it in 173
+tokens for Gemma 3 270M)."""
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float = 300) -> tuple[Any, str | None]:

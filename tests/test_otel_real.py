@@ -29,6 +29,7 @@ from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.core.record import Record
 from proxy.serve.otel import PROVIDER, phases
 from tests.conftest import ProxyProcess, proxy_in_front_of
+from tests.llama_variants import GET_WEATHER
 from tests.otel_receiver import Phoenix, phoenix_running
 
 pytestmark = pytest.mark.real
@@ -40,18 +41,6 @@ EXPORT_WITHIN = 60.0
 TIME_TOLERANCE_MS = 0.01
 """Phoenix stores times in microseconds; the span's are the record's to the nanosecond."""
 
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 CHAT_BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Say hello to the robot."}],
     "max_tokens": 16,
@@ -60,7 +49,7 @@ CHAT_BODY: dict[str, Any] = {
 }
 TOOL_BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "What is the weather in Paris right now?"}],
-    "tools": [TOOL],
+    "tools": [GET_WEATHER],
     "max_tokens": 48,
     "temperature": 0,
     "stop": ["</tool_call>"],

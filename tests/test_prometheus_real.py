@@ -44,6 +44,7 @@ from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.serve.metrics import SECONDS
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import real_required
+from tests.llama_variants import GET_WEATHER
 from tests.test_docker import DASHBOARD, dashboard_queries, grafana_query
 
 pytestmark = pytest.mark.real
@@ -56,18 +57,6 @@ TOOLS = 3
 START_TIMEOUT = 60.0
 SCRAPE_TIMEOUT = 30.0
 
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -225,7 +214,7 @@ def _drive(proxy: ProxyProcess) -> list[dict[str, Any]]:
     for i in range(TOOLS):
         body = {
             "messages": [{"role": "user", "content": f"Weather in city number {i}?"}],
-            "tools": [TOOL],
+            "tools": [GET_WEATHER],
             "max_tokens": 48,
             "temperature": 0,
             "stop": ["</tool_call>"],

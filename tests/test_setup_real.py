@@ -20,28 +20,14 @@ import pytest
 from proxy.commands.provision import LlamaServer
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import LlamaArtifacts, started_llama_server
-from tests.llama_variants import post_json
+from tests.llama_variants import GET_WEATHER, post_json
 
 pytestmark = pytest.mark.real
 
 RECORD_WAIT_S = 60.0
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 TOOL_REQUEST: dict[str, Any] = {
     "messages": [{"role": "user", "content": "What is the weather in Paris right now?"}],
-    "tools": TOOLS,
+    "tools": [GET_WEATHER],
     "temperature": 0,
     "max_tokens": 48,
     "stop": ["</tool_call>"],

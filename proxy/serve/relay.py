@@ -437,16 +437,7 @@ class Relay:
         """The record as it would be if the exchange completed now."""
         if obs is None and flight.tracker is not None:
             obs = flight.tracker.peek()
-        exchange = Exchange(
-            id=flight.id,
-            ts=flight.ts,
-            method=request.method,
-            path=request.path,
-            status=flight.status,
-            outcome=Outcome.COMPLETED,
-            end_s=self._clock() - flight.t0,
-            request_bytes=flight.request_bytes,
-        )
+        exchange = _exchange(request, flight, Outcome.COMPLETED, self._clock(), None)
         return build_record(exchange, flight.facts, obs)
 
     def _schema_now(self, flight: _Flight, record: Record) -> dict[str, Any]:
@@ -623,17 +614,7 @@ class Relay:
         obs = flight.observation
         if obs is None and flight.tracker is not None:
             obs = flight.tracker.finish()
-        exchange = Exchange(
-            id=flight.id,
-            ts=flight.ts,
-            method=request.method,
-            path=request.path,
-            status=flight.status,
-            outcome=flight.outcome,
-            end_s=end - flight.t0,
-            request_bytes=flight.request_bytes,
-            error=flight.error,
-        )
+        exchange = _exchange(request, flight, flight.outcome, end, flight.error)
         record = build_record(exchange, flight.facts, obs)
         if flight.annotate_error is not None and record.analysis_error is None:
             record = dataclasses.replace(record, analysis_error=flight.annotate_error)
@@ -697,6 +678,23 @@ HANDOFF_DELAY_S = 0.002
 then land after the agent's next request, if it comes at once, has gone to the upstream,
 instead of in front of it; the exchanges ending within that time go together. The times in
 the record are taken when the exchange ends, not then."""
+
+
+def _exchange(
+    request: web.Request, flight: _Flight, outcome: Outcome, end: float, error: str | None
+) -> Exchange:
+    """The relay's facts of one exchange, ended at clock time ``end`` with ``outcome``."""
+    return Exchange(
+        id=flight.id,
+        ts=flight.ts,
+        method=request.method,
+        path=request.path,
+        status=flight.status,
+        outcome=outcome,
+        end_s=end - flight.t0,
+        request_bytes=flight.request_bytes,
+        error=error,
+    )
 
 
 def _client_gone(flight: _Flight) -> Outcome:

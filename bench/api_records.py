@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -211,23 +211,36 @@ def _send(base: str, path: str, body: dict[str, Any], marks: tuple[bytes, ...]) 
     }
 
 
-def _record(log: Path, request_id: str, within: float = 30.0) -> dict[str, Any]:
+def _record(
+    log: Path,
+    request_id: str | None,
+    within: float = 30.0,
+    fields: Sequence[str] = RECORD_FIELDS,
+) -> dict[str, Any]:
+    """The ``fields`` of one request's record in the proxy's log, waiting up to ``within``."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         for line in log.read_text().splitlines():
             event = json.loads(line)
             if event.get("event") == "request_completed" and event.get("id") == request_id:
-                return {k: event.get(k) for k in RECORD_FIELDS}
+                return {k: event.get(k) for k in fields}
         time.sleep(0.1)
     raise SystemExit(f"no record for {request_id} in {log}")
 
 
 @contextmanager
-def _proxy(upstream: str, folder: Path) -> Iterator[tuple[str, Path]]:
+def _proxy(upstream: str, folder: Path, config: str = "") -> Iterator[tuple[str, Path]]:
+    """``python -m proxy serve`` in front of ``upstream`` (with ``config`` as its
+    config.toml when given), its log in ``folder``; the base URL and the log."""
+    folder.mkdir(parents=True, exist_ok=True)
     port, log = free_port(), folder / "requests.jsonl"
+    options: tuple[str, ...] = ()
+    if config:
+        (folder / "config.toml").write_text(config)
+        options = ("--config", str(folder / "config.toml"))
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"),
+            *(sys.executable, "-m", "proxy", "serve", *options, "--listen", f"127.0.0.1:{port}"),
             *("--admin-listen", "127.0.0.1:0"),
             *("--upstream", upstream, "--log-file", str(log)),
         ],
@@ -236,7 +249,7 @@ def _proxy(upstream: str, folder: Path) -> Iterator[tuple[str, Path]]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
+        for _ in range(400):
             try:
                 urllib.request.urlopen(base + "/health", timeout=1).close()
                 break

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,8 @@ from typing import Any
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
-from proxy.commands.ports import free_port  # noqa: E402
+from api_records import _proxy, _record  # noqa: E402 - bench/ is this script's own folder
+
 from proxy.core.headers import REQUEST_ID_HEADER  # noqa: E402
 from tests.images_fixture import data_url, solid_png, write_gemma3_projector  # noqa: E402
 
@@ -98,17 +98,6 @@ def _stream(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]
     return timings, request_id
 
 
-def _record(log: Path, request_id: str | None, fields: Sequence[str]) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "request_completed" and event.get("id") == request_id:
-                return {k: event.get(k) for k in fields}
-        time.sleep(0.1)
-    raise SystemExit(f"no record for {request_id} in {log}")
-
-
 @contextmanager
 def _llama(folder: Path, extra: Sequence[str]) -> Iterator[str]:
     from proxy.commands.provision import (
@@ -131,35 +120,6 @@ def _llama(folder: Path, extra: Sequence[str]) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
-
-
-@contextmanager
-def _proxy(upstream: str, folder: Path, config: str = "") -> Iterator[tuple[str, Path]]:
-    folder.mkdir(parents=True, exist_ok=True)
-    port, log = free_port(), folder / "requests.jsonl"
-    toml = folder / "config.toml"
-    toml.write_text(config)
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "proxy", "serve", "--config", str(toml)),
-            *("--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0"),
-            *("--upstream", upstream, "--log-file", str(log)),
-        ],
-        cwd=CHECKOUT,
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(400):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield base, log
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _image_turn(png: bytes) -> dict[str, Any]:
@@ -198,7 +158,7 @@ def images(folder: Path) -> list[dict[str, Any]]:
             bare = {**body, "messages": [{"role": "user", "content": "What is in this picture?"}]}
             expected = _input_tokens(upstream, body) - _input_tokens(upstream, bare)
             _, request_id = _post(base + "/v1/chat/completions", body)
-            record = _record(log, request_id, IMAGE_FIELDS)
+            record = _record(log, request_id, fields=IMAGE_FIELDS)
             out.append({"request": name, "independent_image_tokens": expected, "record": record})
     return out
 
@@ -218,7 +178,7 @@ def speculative(folder: Path, model: str) -> dict[str, Any]:
         _proxy(upstream, folder / "proxy-draft") as (base, log),
     ):
         timings, request_id = _stream(base + "/v1/chat/completions", body)
-        record = _record(log, request_id, DRAFT_FIELDS)
+        record = _record(log, request_id, fields=DRAFT_FIELDS)
     return {
         "server_timings": {
             k: timings.get(k) for k in ("predicted_n", "draft_n", "draft_n_accepted")
@@ -253,7 +213,7 @@ def board(folder: Path) -> list[dict[str, Any]]:
         time.sleep(1.0)  # the sampler's first lines
         for _ in range(3):
             _, request_id = _stream(base + "/v1/chat/completions", body)
-            record = _record(log, request_id, BOARD_FIELDS)
+            record = _record(log, request_id, fields=BOARD_FIELDS)
             expected = POWER_MW / 1000.0 * record["e2e_ms"]
             out.append({"expected_energy_mj": round(expected, 3), "record": record})
     return out

@@ -10,14 +10,14 @@ small pause between them, so streams overlap, and answers non-stream requests wi
 * ``test_soak``: many short stream and non-stream requests at concurrency 50.
 
 Both check: every client got exactly the upstream's bytes, every request is recorded
-(``request_completed`` lines in the log file and ``/stats`` ``requests``), ``/stats`` answers
-every poll during the load and after it with a correct document (polled from its own
-process, next to a trivial path on the same event loop to tell the loop's queueing from the
-``/stats`` work), and the proxy's RSS (``/proc/PID/status`` VmRSS) stays flat: at most 30 MB
-over the start (after a warm-up), and no growth once the ``/stats`` windows are full (the
-streams go on until at least three RSS samples are taken after that point). The ``/stats``
-latencies are printed as ``[load] ...`` lines but only bounded functionally (10 s): on a
-shared 2-core machine they measure the machine's other load as much as the proxy;
+(``request_completed`` lines in the log file and ``/stats`` ``requests``), ``/stats``
+answers every poll during the load and after it with a correct document (polled from its own
+process, next to a trivial path of the same admin listener to tell the listener's queueing
+from the ``/stats`` work), and the proxy's RSS (``/proc/PID/status`` VmRSS) stays flat: at
+most 30 MB over the start (after a warm-up), and no growth once the ``/stats`` windows are
+full (the streams go on until at least three RSS samples are taken after that point). The
+``/stats`` latencies are printed as ``[load] ...`` lines but only bounded functionally (10
+s): on a shared 2-core machine they measure the machine's other load as much as the proxy;
 ``bench/stats_stall.py`` measures the ``/stats`` build's stall of the event loop. CI runs a
 bounded version (about 60 s of streams, 20,000 soak requests); ``TIMING_PROXY_SOAK=full``
 runs 5 minutes of streams and 100,000 soak requests.
@@ -61,9 +61,10 @@ SOAK_REQUESTS = 100_000 if FULL else 20_000
 SOAK_CONCURRENCY = 50
 SOAK_EVENTS = 4  # tokens per soak stream, no pause
 #: a functional bound, not a figure: every /stats poll, under load or after it, answers a
-#: correct document within this time. Under load the proxy's event loop queues /stats behind
-#: the streams, and on a shared 2-core machine the latency measures the machine's other load
-#: as much as the proxy: the figures are printed, bench/stats_stall.py measures the stall
+#: correct document within this time. The admin listener has a thread of its own, but it
+#: shares the GIL and two cores with the streams, and on a shared machine the latency measures
+#: the machine's other load as much as the proxy: the figures are printed (docs/performance.md
+#: quotes them), bench/stats_stall.py measures the build's stall of the relay
 STATS_ANSWER_S = 10.0
 RSS_SLACK_MB = 30.0
 #: the log events of a healthy run: the start, the upstream check at start, the records
@@ -395,8 +396,9 @@ def _poll_stats(url: str, interval: float) -> None:
 
     Prints one JSON object: the latencies of each path in seconds, and the failures (an
     error, no answer within ``STATS_ANSWER_S``, or a wrong answer). The trivial path
-    (``/stats/records/none``, a 404 from the same event loop) shows how much of the
-    ``/stats`` latency is the loop's queueing rather than the ``/stats`` work.
+    (``/stats/records/none``, a 404 from the same admin listener, on its own thread) shows
+    how much of the ``/stats`` latency is waiting for that thread's turn rather than the
+    ``/stats`` work.
     """
     stop = threading.Event()
 
@@ -474,7 +476,7 @@ class StatsPoller:
             )
 
         return (
-            f"/stats {ms(self.latencies)} over {len(self.latencies)} polls; the same loop's "
+            f"/stats {ms(self.latencies)} over {len(self.latencies)} polls; the same listener's "
             f"trivial 404 {ms(self.trivial)}; failures {self.failures or 0}"
         )
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -13,7 +12,6 @@ from proxy.core.record import Kind, Record
 from proxy.core.stats import Stats
 from proxy.serve.accounting import Accounting
 from proxy.serve.stats_cache import StatsDocument
-from proxy.serve.tasks import spawn
 from proxy.serve.telemetry import Telemetry
 
 
@@ -73,11 +71,11 @@ def stats() -> CountingStats:
 class TestStatsDocument:
     """When the document is built and what it holds."""
 
-    async def test_unchanged_stats_are_not_built_again(self, stats: CountingStats) -> None:
+    def test_unchanged_stats_are_not_built_again(self, stats: CountingStats) -> None:
         """Two reads with nothing new in between give the same bytes from one build."""
         doc = StatsDocument(stats)
-        first = await doc.body(None)
-        assert await doc.body(None) is first
+        first = doc.build(None)
+        assert doc.build(None) is first
         assert stats.builds == 1
         parsed = orjson.loads(first)
         assert parsed["requests"] == 3 and parsed["schemas"] is None
@@ -91,37 +89,30 @@ class TestStatsDocument:
         }
         assert parsed == expected
 
-    async def test_a_new_record_makes_the_next_read_build_again(self, stats: CountingStats) -> None:
+    def test_a_new_record_makes_the_next_read_build_again(self, stats: CountingStats) -> None:
         """After a record came in the document is built again and counts it."""
         doc = StatsDocument(stats)
-        await doc.body(None)
+        doc.build(None)
         stats.add(record(3))
-        assert orjson.loads(await doc.body(None))["requests"] == 4
+        assert orjson.loads(doc.build(None))["requests"] == 4
         assert stats.builds == 2
 
-    async def test_a_newly_learnt_tool_schema_makes_the_next_read_build_again(
+    def test_a_newly_learnt_tool_schema_makes_the_next_read_build_again(
         self, stats: CountingStats
     ) -> None:
         """The accounting's per-tool counts are part of the version: a schema learnt since
         the last read rebuilds the document, which carries the accounting's section."""
         accounting = Accounting("http://127.0.0.1:9")
         doc = StatsDocument(stats)
-        first = orjson.loads(await doc.body(accounting))
+        first = orjson.loads(doc.build(accounting))
         assert first["schemas"] == accounting.snapshot()
-        await doc.body(accounting)
+        doc.build(accounting)
         assert stats.builds == 1
         accounting.per_tool["abc"] = {"read_file": 12}
-        await doc.body(accounting)
+        doc.build(accounting)
         assert stats.builds == 2
 
-    async def test_concurrent_readers_share_one_build(self, stats: CountingStats) -> None:
-        """Readers arriving together get the bytes of one build."""
-        doc = StatsDocument(stats)
-        bodies = await asyncio.gather(*(doc.body(None) for _ in range(5)))
-        assert stats.builds == 1
-        assert all(b is bodies[0] for b in bodies)
-
-    async def test_a_board_snapshot_change_makes_the_next_read_build_again(
+    def test_a_board_snapshot_change_makes_the_next_read_build_again(
         self, stats: CountingStats
     ) -> None:
         """Any change in the board sampler's snapshot (more samples kept, not only a new
@@ -129,31 +120,9 @@ class TestStatsDocument:
         them arrive."""
         board = FakeBoard()
         doc = StatsDocument(stats)
-        assert orjson.loads(await doc.body(None, board))["board"]["samples"] == 1
-        await doc.body(None, board)
+        assert orjson.loads(doc.build(None, board))["board"]["samples"] == 1
+        doc.build(None, board)
         assert stats.builds == 1
         board.board["samples"] = 2
-        assert orjson.loads(await doc.body(None, board))["board"]["samples"] == 2
+        assert orjson.loads(doc.build(None, board))["board"]["samples"] == 2
         assert stats.builds == 2
-
-    async def test_a_build_does_not_give_the_loop_back(self, stats: CountingStats) -> None:
-        """The document is built in one go (a read of the histograms, no sort): no other
-        task runs during a build, so the document is the state of one instant."""
-        turns = 0
-        done = asyncio.Event()
-
-        async def other() -> None:
-            nonlocal turns
-            while not done.is_set():
-                turns += 1
-                await asyncio.sleep(0)
-
-        doc = StatsDocument(stats)
-        ticker = spawn(other(), set())
-        await asyncio.sleep(0)
-        before = turns
-        await doc.body(None)
-        during = turns - before
-        done.set()
-        await ticker
-        assert during == 0 and stats.builds == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
@@ -23,9 +24,11 @@ from proxy.core.roofline import Board
 from proxy.core.stats import Stats
 from proxy.core.timestamps import iso_utc
 from proxy.serve.accounting import Accounting
+from proxy.serve.admin import AdminThread
 from proxy.serve.handlers import admin_errors, auth_middleware, route, route_admin
 from proxy.serve.keys import (
     ACCOUNTING,
+    ADMIN_SESSION,
     BACKGROUND,
     CONFIG,
     DASHBOARD,
@@ -36,6 +39,7 @@ from proxy.serve.keys import (
     SESSION,
     SETUP,
     SINKS,
+    STATE_LOCK,
     STATS,
     STATS_DOCUMENT,
     STREAM_SESSION,
@@ -78,7 +82,8 @@ def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Applic
     model_info = ModelInfo(
         config.upstream.url, Board.from_config(config.board), api_key=config.upstream.api_key
     )
-    records = RecordSinks(stats, metrics, model_info, get_logger())
+    lock = app[STATE_LOCK] = threading.RLock()
+    records = RecordSinks(stats, metrics, model_info, get_logger(), lock)
     setup = app[SETUP] = SetupWatch(
         config.upstream.url, get_logger(), api_key=config.upstream.api_key
     )
@@ -103,8 +108,16 @@ def build_admin_app(app: web.Application) -> web.Application:
         middlewares=[admin_errors, auth_middleware(app[CONFIG].admin.auth_token)]
     )
     admin[MAIN_APP] = app
+    admin.cleanup_ctx.append(_admin_session)
     route_admin(admin)
     return admin
+
+
+async def _admin_session(admin: web.Application) -> AsyncIterator[None]:
+    """The admin application's own upstream session, on the loop that serves it."""
+    session = admin[ADMIN_SESSION] = upstream_session(admin[MAIN_APP][CONFIG])
+    yield
+    await session.close()
 
 
 def _relay_settings(config: Config) -> RelaySettings:
@@ -245,18 +258,18 @@ class _Announcer:
 
 
 def _admin_listener(app: web.Application) -> AsyncIterator[None]:
-    """The cleanup context that serves the admin application on ``[admin] listen`` while the
-    relaying one runs (started first, stopped last: ``/stats`` answers through the drain)."""
+    """The cleanup context that serves the admin application on ``[admin] listen``, from
+    its own thread (:mod:`proxy.serve.admin`), while the relaying one runs (started first,
+    stopped last: ``/stats`` answers through the drain)."""
 
     async def serve() -> AsyncIterator[None]:
         host, port = parse_listen(app[CONFIG].admin.listen)
-        runner = web.AppRunner(build_admin_app(app), access_log=None)
-        await runner.setup()
+        admin = AdminThread(build_admin_app(app), host, port)
+        await admin.start()
         try:
-            await web.TCPSite(runner, host, port).start()
             yield
         finally:
-            await runner.cleanup()
+            await admin.stop()
 
     return serve()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -17,13 +17,14 @@ from aiohttp import web
 
 from proxy.serve.keys import (
     ACCOUNTING,
+    ADMIN_SESSION,
     CONFIG,
     DASHBOARD,
     MAIN_APP,
     METRICS,
     RELAY,
-    SESSION,
     SETUP,
+    STATE_LOCK,
     STATS,
     STATS_DOCUMENT,
     TELEMETRY,
@@ -49,6 +50,11 @@ ADMIN_PATHS = frozenset({"/stats", "/metrics", "/dashboard"})
 """The admin listener's pages (and ``/stats/records/{id}``); the agent's listener relays all."""
 
 UPSTREAM_METRICS_TIMEOUT_S = 2.0
+READ_ATTEMPTS = 3
+"""Reads of the relay's state that another thread changed mid-read (``RuntimeError``:
+a dict or deque changed size during iteration) are tried again this many times in all."""
+
+T = TypeVar("T")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -96,28 +102,50 @@ def _main(request: web.Request) -> web.Application:
     return request.app[MAIN_APP]
 
 
+def _read(app: web.Application, read: Callable[[], T]) -> T:
+    """``read()`` of the relaying application's state, under its state lock.
+
+    The record sinks change the statistics and the metrics under the same lock; what the
+    relay's loop changes outside it (the accounting's look-ups, the board sampler) is
+    replaced whole or appended to, and an iteration that met such an append is read again.
+    """
+    for attempt in range(READ_ATTEMPTS):
+        with app[STATE_LOCK]:
+            try:
+                return read()
+            except RuntimeError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+    raise AssertionError("unreachable")
+
+
 async def handle_stats(request: web.Request) -> web.Response:
     """``GET /stats``: the statistics document (see :mod:`proxy.serve.stats_cache`)."""
     app = _main(request)
     # ACCOUNTING and TELEMETRY are set once the upstream sessions open (just after the
     # admin listener starts)
-    body = await app[STATS_DOCUMENT].body(app.get(ACCOUNTING), app.get(TELEMETRY), app.get(SETUP))
+    document = app[STATS_DOCUMENT]
+    body = _read(
+        app, lambda: document.build(app.get(ACCOUNTING), app.get(TELEMETRY), app.get(SETUP))
+    )
     return web.Response(body=body, content_type="application/json")
 
 
 async def handle_record(request: web.Request) -> web.Response:
     """``GET /stats/records/{id}``: one recent record, or 404."""
-    record = _main(request)[STATS].find(request.match_info["id"])
+    app = _main(request)
+    wanted = request.match_info["id"]
+    record = _read(app, lambda: app[STATS].find(wanted))
     if record is None:
         return error_response(404, "no recent record with that id", "not_found")
     return web.Response(body=orjson.dumps(record.to_dict()), content_type="application/json")
 
 
-async def _upstream_metrics(app: web.Application) -> bytes | None:
+async def _upstream_metrics(request: web.Request) -> bytes | None:
     """llama-server's own ``/metrics`` page, or ``None`` when it has none or does not answer."""
-    config = app[CONFIG]
-    session = app.get(SESSION)
-    if session is None or session.closed:  # starting, or closed at the end of the drain
+    config = _main(request)[CONFIG]
+    session = request.app.get(ADMIN_SESSION)
+    if session is None or session.closed:  # starting, or closed at the end
         return None
     try:
         async with session.get(
@@ -135,13 +163,14 @@ async def _upstream_metrics(app: web.Application) -> bytes | None:
 async def handle_metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: the proxy's Prometheus page, with the upstream's appended."""
     app = _main(request)
-    upstream = await _upstream_metrics(app)
-    telemetry = app.get(TELEMETRY)
-    board = telemetry.gauges() if telemetry is not None else None
-    return web.Response(
-        body=app[METRICS].render(upstream, board),
-        headers={"Content-Type": METRICS_CONTENT_TYPE},
-    )
+    upstream = await _upstream_metrics(request)
+
+    def render() -> bytes:
+        telemetry = app.get(TELEMETRY)
+        board = telemetry.gauges() if telemetry is not None else None
+        return app[METRICS].render(upstream, board)
+
+    return web.Response(body=_read(app, render), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 async def handle_dashboard(request: web.Request) -> web.Response:

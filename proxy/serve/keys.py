@@ -7,6 +7,7 @@ upstream session is open, in its cleanup context).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from proxy.serve.telemetry import Telemetry
 
 __all__ = [
     "ACCOUNTING",
+    "ADMIN_SESSION",
     "BACKGROUND",
     "CONFIG",
     "DASHBOARD",
@@ -38,6 +40,7 @@ __all__ = [
     "SESSION",
     "SETUP",
     "SINKS",
+    "STATE_LOCK",
     "STATS",
     "STATS_DOCUMENT",
     "STREAM_SESSION",
@@ -62,6 +65,12 @@ SETUP = web.AppKey("setup", SetupWatch)
 """The setup findings and the served template's tool support (``/props``)."""
 TELEMETRY: web.AppKey[Telemetry | None] = web.AppKey("telemetry")
 """The board's telemetry sampler, when ``[board] telemetry`` names one."""
+STATE_LOCK = web.AppKey("state_lock", threading.RLock)
+"""Held by the record sinks while they change what the admin pages read, and by the pages
+while they read it: the admin listener runs on a thread of its own (:mod:`proxy.serve.admin`)."""
+ADMIN_SESSION = web.AppKey("admin_session", aiohttp.ClientSession)
+"""On the admin application: its own session to the upstream (for llama-server's
+``/metrics``), opened on the admin listener's event loop."""
 DASHBOARD = web.AppKey("dashboard", bytes)
 """The dashboard page, read from the package once."""
 MAIN_APP = web.AppKey("main_app", web.Application)

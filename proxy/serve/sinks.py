@@ -4,6 +4,7 @@ accounting's rate learning or a test's capture)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from proxy.core.record import Outcome, Record
@@ -22,10 +23,19 @@ _WARN = frozenset({Outcome.UPSTREAM_UNREACHABLE})
 
 
 class RecordSinks:
-    """The relay's ``on_record``: calls each of :attr:`sinks` with the enriched record."""
+    """The relay's ``on_record``: calls each of :attr:`sinks` with the enriched record,
+    holding ``lock`` (the application's state lock) for all of them."""
 
-    def __init__(self, stats: Stats, metrics: Metrics, model_info: ModelInfo, log: Any) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        metrics: Metrics,
+        model_info: ModelInfo,
+        log: Any,
+        lock: AbstractContextManager[Any],
+    ) -> None:
         self._stats = stats
+        self._lock = lock
         self._model_info = model_info
         self._log = log
         self.sinks: list[RecordSink] = [self.count_record, metrics.observe, self.log_record]
@@ -45,6 +55,10 @@ class RecordSinks:
 
     def __call__(self, record: Record, facts: RequestFacts, obs: Observation | None) -> None:
         record = self._model_info.enrich(record)
+        with self._lock:  # the admin pages read what the sinks change from their own thread
+            self._dispatch(record, facts, obs)
+
+    def _dispatch(self, record: Record, facts: RequestFacts, obs: Observation | None) -> None:
         for sink in self.sinks:
             try:
                 sink(record, facts, obs)

@@ -45,7 +45,7 @@ class StatsDocument:
             setup.caps if setup is not None else None,
         )
 
-    async def body(
+    def build(
         self,
         accounting: Accounting | None,
         telemetry: Telemetry | None = None,
@@ -53,8 +53,8 @@ class StatsDocument:
     ) -> bytes:
         """The document, built again only if something came in since the last build.
         ``board`` is the telemetry sampler's snapshot (``null`` without one); ``findings``
-        the setup findings then the cache findings, each with its ``category``. Nothing here
-        awaits, so no other reader or record comes in during a build."""
+        the setup findings then the cache findings, each with its ``category``. The admin
+        handler calls it under the application's state lock (:mod:`proxy.serve.admin`)."""
         board = telemetry.snapshot() if telemetry is not None else None
         built_for = self._version(accounting, board, setup)
         if self._built_for != built_for:

@@ -55,6 +55,51 @@ class TestStrayTerminator:
         assert _through(guard, _split(HEAD_200 + BODY_200, cuts)) == HEAD_200 + BODY_200
         assert guard.dropped == 0
 
+    @given(
+        st.lists(st.integers(min_value=0, max_value=200), max_size=6),
+        st.sampled_from([HEAD_204 + STRAY, HEAD_200 + BODY_200]),
+        st.sampled_from([HEAD_204 + STRAY, HEAD_200 + BODY_200]),
+    )
+    def test_skipping_feed_while_in_body_changes_nothing(
+        self, cuts: list[int], first: bytes, second: bytes
+    ) -> None:
+        """The upstream handler skips feed() while ``in_body`` is set: over two responses
+        (reset between them), however cut, the bytes and the drops are those of feeding
+        every chunk."""
+        fed, skipping = StrayTerminator(), StrayTerminator()
+        out_fed, out_skipping = b"", b""
+        for response in (first, second):
+            fed.reset()
+            skipping.reset()
+            for chunk in _split(response, cuts):
+                out_fed += fed.feed(chunk)
+                out_skipping += chunk if skipping.in_body else skipping.feed(chunk)
+        assert out_skipping == out_fed
+        assert skipping.dropped == fed.dropped
+
+    @pytest.mark.parametrize(
+        ("head", "at_once"),
+        [
+            (b"HTTP/1.1 200 OK\r\n", True),
+            (b"HTTP/1.1 500\r\n", True),
+            (b"HTTP/1.0 302 Found\r\n", True),
+            (b"HTTP/1.1 204 No Content\r\n", False),
+            (b"HTTP/1.1 304 Not Modified\r\n", False),
+            (b"HTTP/1.1 100 Continue\r\n", False),
+            (b"HTTP/1.1 2000 Odd\r\n", False),
+            (b"HTTP/1.1 20", False),
+        ],
+    )
+    def test_a_status_line_that_cannot_be_bodyless_ends_the_scan_at_once(
+        self, head: bytes, at_once: bool
+    ) -> None:
+        """A first read that begins with a whole status line other than 1xx, 204 or 304
+        passes as it is and puts the filter in the body at once (nothing could be dropped
+        after such a head); any other begins the scan of the head."""
+        guard = StrayTerminator()
+        assert guard.feed(head) is head  # the head is not whole yet
+        assert guard.in_body is at_once
+
     def test_a_bodyless_response_without_chunked_passes(self) -> None:
         """A 204 that does not claim chunked framing is left alone (nothing to drop)."""
         guard = StrayTerminator()

@@ -22,6 +22,7 @@ TERMINATOR = b"0\r\n\r\n"
 MAX_HEAD_BYTES = 64 * 1024
 """A head longer than this is left to the parser (which refuses it); no more is scanned."""
 _BODYLESS = frozenset({204, 304})
+_HTTP1 = b"HTTP/1."
 
 
 class _State(enum.Enum):
@@ -43,6 +44,20 @@ def _bodyless_and_chunked(head: bytes) -> bool:
     return False
 
 
+def _never_bodyless(data: bytes) -> bool:
+    """Whether ``data`` begins with a whole status line (``HTTP/1.x NNN`` then a space or
+    CR) whose code is not 1xx, 204 or 304."""
+    code = data[9:12]
+    return (
+        data.startswith(_HTTP1)
+        and data[8:9] == b" "
+        and data[12:13] in (b" ", b"\r")
+        and code.isdigit()
+        and code[:1] != b"1"
+        and code not in (b"204", b"304")
+    )
+
+
 def _informational(head: bytes) -> bool:
     parts = head.split(b" ", 2)
     return len(parts) >= 2 and parts[1][:1] == b"1" and len(parts[1]) == 3
@@ -58,10 +73,16 @@ class StrayTerminator:
         self._held = b""
         self.dropped = 0
         """How many stray terminators were dropped on this connection."""
+        self.in_body = False
+        """True while body bytes pass (they need no :meth:`feed`: it returns them as they are)."""
+
+    def _set(self, state: _State) -> None:
+        self._state = state
+        self.in_body = state is _State.BODY
 
     def reset(self) -> None:
         """A new response is expected: scan its head."""
-        self._state = _State.HEAD
+        self._set(_State.HEAD)
         self._head.clear()
         self._held = b""
 
@@ -75,12 +96,17 @@ class StrayTerminator:
         return self._in_head(data)
 
     def _in_head(self, data: bytes) -> bytes:
+        if not self._head and _never_bodyless(data):
+            # the common case, decided from the status line: no 1xx, 204 or 304, so no
+            # stray terminator can follow this head and it need not be scanned
+            self._set(_State.BODY)
+            return data
         start = len(self._head)
         self._head += data
         end = self._head.find(b"\r\n\r\n", max(0, start - 3))
         if end < 0:
             if len(self._head) > MAX_HEAD_BYTES:
-                self._state = _State.BODY
+                self._set(_State.BODY)
             return data
         head = bytes(self._head[:end])
         rest = data[end + 4 - start :]
@@ -89,9 +115,9 @@ class StrayTerminator:
             return data[: end + 4 - start] + self._in_head(rest) if rest else data
         self._head.clear()
         if not _bodyless_and_chunked(head):
-            self._state = _State.BODY
+            self._set(_State.BODY)
             return data
-        self._state = _State.TERMINATOR
+        self._set(_State.TERMINATOR)
         return data[: end + 4 - start] + self._after_head(rest)
 
     def _after_head(self, data: bytes) -> bytes:
@@ -102,7 +128,7 @@ class StrayTerminator:
         if len(seen) < len(TERMINATOR) and TERMINATOR.startswith(seen):
             self._held = seen
             return b""
-        self._state = _State.BODY
+        self._set(_State.BODY)
         if seen.startswith(TERMINATOR):
             self.dropped += 1
             return seen[len(TERMINATOR) :]

@@ -22,6 +22,9 @@ CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
 
 
+_data_received = ResponseHandler.data_received
+
+
 class _Handler(ResponseHandler):
     """aiohttp's protocol of one upstream connection, with :class:`StrayTerminator` in front
     of its response parser: a 204 that says ``chunked`` and sends ``0\r\n\r\n`` (llama-server's
@@ -36,10 +39,12 @@ class _Handler(ResponseHandler):
         super().set_response_params(**kwargs)
 
     def data_received(self, data: bytes) -> None:
-        # before set_response_params the bytes wait in aiohttp's tail and come back here
-        if self._parser is not None:
-            data = self._stray.feed(data)
-        super().data_received(data)
+        # once per upstream read: body bytes (in_body) skip the filter; before
+        # set_response_params the bytes wait in aiohttp's tail and come back here
+        stray = self._stray
+        if not stray.in_body and self._parser is not None:
+            data = stray.feed(data)
+        _data_received(self, data)
 
 
 class _Connector(aiohttp.TCPConnector):

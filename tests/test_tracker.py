@@ -546,8 +546,8 @@ class TestSSEErrorsAndUsage:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """An analysis failure mid-stream keeps earlier token times and stops the analysis
-        (the failing chunk starts with a ping, so it is framed: the fast path reads no event
-        that could fail)."""
+        (the failing chunk is a ping and a tool-call delta, which the framer reads: the fast
+        path reads no event that could fail)."""
         clock = FakeClock()
         tracker = StreamTracker(T0, sse=True, clock=clock)
         clock.t = T0 + 1.0
@@ -558,7 +558,7 @@ class TestSSEErrorsAndUsage:
 
         monkeypatch.setattr(StreamTracker, "_on_event", boom)
         clock.t = T0 + 2.0
-        tracker.feed(PING + content("b"))
+        tracker.feed(PING + tool_delta(0, name="f", args="{"))
         clock.t = T0 + 3.0
         tracker.feed(content("c"))
         obs = tracker.finish()
@@ -566,7 +566,8 @@ class TestSSEErrorsAndUsage:
         assert obs.first_token_s == 1.0
         assert obs.last_token_s == 1.0
         assert obs.last_byte_s == 3.0
-        assert obs.response_bytes == len(role() + content("a") + PING + content("b") + content("c"))
+        failing = PING + tool_delta(0, name="f", args="{")
+        assert obs.response_bytes == len(role() + content("a") + failing + content("c"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1117,6 +1118,28 @@ class TestFastPath:
         slow = _feed_all(parts, cuts, path, fast=False, cap=cap)
         assert fast == slow
 
+    @settings(max_examples=300, deadline=None)
+    @given(st.sampled_from(sorted(_DIALECT_PATHS)), st.data())
+    def test_bytes_kept_unread_change_no_observation(self, kind: str, data: st.DataObject) -> None:
+        """A tracker that keeps up to ``defer_bytes`` unread (the relay's hot path) observes
+        exactly what one reading every chunk at once does, cut anywhere, whatever the limit;
+        and mid-stream ``done``, ``bytes_seen`` and ``peek()`` already count what it kept."""
+        parts = data.draw(_stream_parts(kind))
+        stream = b"".join(parts)
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1))))))
+        pieces = [stream[a:b] for a, b in pairwise([0, *cuts, len(stream)]) if b > a]
+        defer = data.draw(st.sampled_from([1, 50, 300, 64 * 1024]))
+        dialect = analyse_request("POST", _DIALECT_PATHS[kind], b"").dialect
+        now = StreamTracker(T0, sse=True, dialect=dialect)
+        later = StreamTracker(T0, sse=True, dialect=dialect, defer_bytes=defer)
+        for i, piece in enumerate(pieces):
+            now.feed(piece, T0 + i + 1.0)
+            later.feed(piece, T0 + i + 1.0)
+            if i % 3 == 1:  # what the relay asks mid-stream
+                assert (later.bytes_seen, later.done) == (now.bytes_seen, now.done)
+                assert later.peek() == now.peek()
+        assert later.finish() == now.finish()
+
     def test_fast_path_counts_template_events(self) -> None:
         """After one token event read the slow way, the next ones of its shape are counted
         as token events at their chunk's time, and the final event is still read."""
@@ -1126,6 +1149,32 @@ class TestFastPath:
         assert (obs.first_token_s, obs.last_token_s) == (2.0, 4.0)
         assert obs.finish_reason == "length"
         assert obs.done
+
+    def test_reads_cut_mid_event_go_back_to_the_fast_path(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A fast stream's reads end anywhere, so most begin with the rest of an event: the
+        framer reads that rest, and the template's events after it in the same read are
+        counted the fast way (about one framed event per read, not every event), with the
+        observation the same as one event per read."""
+        framed: list[bytes] = []
+        original = StreamTracker._on_event
+
+        def spy(self: StreamTracker, data: bytes, now: float) -> None:
+            framed.append(data)
+            original(self, data, now)
+
+        events = [role(), *(content(f"t{i % 10}") for i in range(300)), finish("length"), DONE]
+        stream = b"".join(events)
+        reads = [stream[a : a + 1000] for a in range(0, len(stream), 1000)]
+        monkeypatch.setattr(StreamTracker, "_on_event", spy)
+        obs = run_sse([(1.0, read) for read in reads])
+        # framed: the first read's events (a template is learnt at their end), then the event
+        # each read begins inside, the final event and [DONE]
+        assert len(framed) <= len(reads) + 8 < len(events) // 3, (len(framed), len(reads))
+        monkeypatch.undo()
+        assert obs == run_sse([(1.0, e) for e in events])
+        assert obs.token_events == 300 and obs.done
 
     @pytest.mark.parametrize("text", ["usage", "timings", "tool_calls", "error", ":"])
     def test_text_that_could_complete_a_key_is_read_the_slow_way(

@@ -115,10 +115,18 @@ class StreamTracker:
         max_body_bytes: int = 32 * 1024 * 1024,
         skip: str | None = None,
         dialect: Dialect = CHAT_COMPLETIONS,
+        defer_bytes: int = 0,
     ) -> None:
         """``skip`` names why the body cannot be read (e.g. it is compressed): then only
         bytes and times are observed, and the counts of events and calls stay unknown.
-        ``dialect`` is the API whose events these are."""
+        ``dialect`` is the API whose events these are. ``defer_bytes`` lets :meth:`feed`
+        keep up to that many bytes, with their times, and read them only when more would
+        not fit or when what was seen is asked for (:meth:`finish`, :meth:`peek`,
+        :attr:`done`): a short response is then read after the relay has forwarded all of
+        it. The observation is the same either way."""
+        self._defer = defer_bytes
+        self._deferred: list[tuple[bytes, float]] = []
+        self._deferred_bytes = 0
         self._dialect = dialect
         self._tool_deltas = dialect.tool_reader()
         self._end_data = dialect.end_data
@@ -165,17 +173,38 @@ class StreamTracker:
 
     @property
     def done(self) -> bool:
-        """True once the event that ends a complete stream (``[DONE]``) was seen."""
+        """True once the event that ends a complete stream (``[DONE]``) was seen (the bytes
+        kept unread are read first)."""
+        if self._deferred:
+            self._read_deferred()
         return self._done
 
     @property
     def bytes_seen(self) -> int:
-        """Body bytes fed so far."""
-        return self._bytes
+        """Body bytes fed so far (those kept unread included)."""
+        return self._bytes + self._deferred_bytes
 
     def feed(self, chunk: bytes, at: float | None = None) -> None:
         """Take one forwarded chunk, read from the upstream at clock time ``at`` (now when
         not given). Never raises."""
+        if self._defer:
+            when = self._clock() if at is None else at
+            kept = self._deferred_bytes + len(chunk)
+            if kept <= self._defer:
+                self._deferred.append((chunk, when))
+                self._deferred_bytes = kept
+                return
+            self._read_deferred()
+            at = when
+        self._feed(chunk, at)
+
+    def _read_deferred(self) -> None:
+        """Read the chunks kept unread, in order, each at its own time."""
+        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        for chunk, at in deferred:
+            self._feed(chunk, at)
+
+    def _feed(self, chunk: bytes, at: float | None) -> None:
         now = (self._clock() if at is None else at) - self._t0
         if self._first_byte is None:
             self._first_byte = now
@@ -213,11 +242,43 @@ class StreamTracker:
             self._analysis_error = f"tracker: {type(exc).__name__}"
 
     def _slow(self, chunk: bytes, now: float) -> None:
-        """Frame ``chunk`` (a stream) or keep it (a plain body)."""
-        if self._framer is not None:
+        """Frame ``chunk`` (a stream) or keep it (a plain body).
+
+        A chunk cut anywhere (a fast stream's reads end mid-event) begins with the rest of an
+        event: the framer takes the chunk only up to the first event end followed by the
+        learnt template's head, and the fast path goes on from there, as if the read had
+        ended at that event end (before a template is learnt, the framer takes the chunk up to
+        its last event end, where one can be). The framer is fed the same bytes in the same
+        order either way, so the events it frames, and the record, do not change."""
+        if self._framer is None:
+            if self._body is not None:
+                self._keep(chunk)
+            return
+        if type(chunk) is not bytes or self._spec is None:
             self._framed(chunk, now)
-        elif self._body is not None:
-            self._keep(chunk)
+            return
+        learnt = self._learnt
+        if learnt is None:  # no template yet: one can be learnt only at an event end
+            k = chunk.rfind(b"\n\n")
+            if k < 0 or k + 2 == len(chunk):
+                self._framed(chunk, now)
+                return
+            self._framed(chunk[: k + 2], now)
+            chunk, learnt = chunk[k + 2 :], self._learnt
+        while learnt is not None:
+            k = chunk.find(b"\n\n" + learnt.head)
+            if k < 0:
+                break
+            self._framed(chunk[: k + 2], now)
+            chunk = chunk[k + 2 :]
+            tpl = self._tpl  # in force only if the framer is between events now
+            if tpl is None:
+                break
+            chunk = chunk[self._fast_events(chunk, tpl, now) :]
+            if not chunk:
+                return
+            learnt = tpl
+        self._framed(chunk, now)
 
     def _keep(self, chunk: bytes) -> None:
         """Keep a plain body's chunk, within ``max_body_bytes``."""
@@ -419,6 +480,7 @@ class StreamTracker:
 
     def finish(self) -> Observation:
         """End of the response (clean or not): what was seen."""
+        self._read_deferred()
         oversized = 0
         try:
             if self._framer is not None:
@@ -434,6 +496,7 @@ class StreamTracker:
     def peek(self) -> Observation:
         """What was seen so far, ending nothing: the events complete so far (an event still
         unterminated is not read, a plain body is not read before :meth:`finish`)."""
+        self._read_deferred()
         return self._observation(self._framer.oversized if self._framer is not None else 0)
 
     def _observation(self, oversized: int) -> Observation:

@@ -379,6 +379,28 @@ class TestRecordDict:
         assert d["ttft_ms"] is None and d["decode_tok_s"] is None and d["tool_calls"] is None
 
 
+class TestRecordReplace:
+    """Record.replace, the record's own faster dataclasses.replace."""
+
+    def test_replace_equals_dataclasses_replace(self) -> None:
+        """Any set of fields changed gives the record dataclasses.replace gives, and the
+        original is unchanged."""
+        full = _full_record()
+        names = [f.name for f in dataclasses.fields(Record)]
+        for start in range(0, len(names), 7):
+            changes: dict[str, Any] = {
+                name: None for name in names[start : start + 7] if name not in ("kind", "outcome")
+            }
+            assert full.replace(**changes) == dataclasses.replace(full, **changes)
+        assert full.replace() == full and full == _full_record()
+        assert full.replace(kind=Kind.TOOL).kind is Kind.TOOL
+
+    def test_an_unknown_field_raises_type_error(self) -> None:
+        """A name that is not a field raises TypeError, as dataclasses.replace does."""
+        with pytest.raises(TypeError):
+            _full_record().replace(not_a_field=1)
+
+
 class TestToolCallsValid:
     NAMES = frozenset({"get_weather", "move_arm"})
 

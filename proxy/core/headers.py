@@ -55,11 +55,13 @@ def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
 
 def _filter(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> CIMultiDict[str]:
     items = list(headers)
-    dropped = drop | _connection_tokens(items)
+    tokens = _connection_tokens(items)
+    dropped = drop | tokens if tokens else drop  # most requests name no extra header
     out: CIMultiDict[str] = CIMultiDict()
+    add = out.add
     for name, value in items:
         if name.lower() not in dropped:
-            out.add(name, value)
+            add(name, value)
     return out
 
 

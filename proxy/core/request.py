@@ -7,6 +7,7 @@ simply not analysed, and the record says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -36,6 +37,8 @@ class RequestFacts:
 def analyse_request(method: str, path: str, body: bytes) -> RequestFacts:
     """Classify a request: ``tool`` (a model turn with a non-empty ``tools``), ``chat`` (one
     without) or ``other``."""
+    if not body:
+        return _bodiless(method, path)
     dialect = dialect_for(path)
     api = dialect.name if dialect.handles(path) else "other"
     turn = dialect.tool_request(method, path)
@@ -61,3 +64,13 @@ def analyse_request(method: str, path: str, body: bytes) -> RequestFacts:
         dialect=dialect,
         api=api,
     )
+
+
+@lru_cache(maxsize=256)
+def _bodiless(method: str, path: str) -> RequestFacts:
+    """The facts of a request without a body: they depend on the method and path alone
+    (and are frozen), so each pair is worked out once; every request starts with them."""
+    dialect = dialect_for(path)
+    api = dialect.name if dialect.handles(path) else "other"
+    bare = Kind.CHAT if dialect.tool_request(method, path) else Kind.OTHER
+    return RequestFacts(kind=bare, dialect=dialect, api=api)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -573,9 +572,9 @@ class Accounting:
             await self._output_tokens(obs, fields, errors)
         if errors:
             fields["accounting_error"] = "; ".join(errors)
-        record = dataclasses.replace(record, **fields)
+        record = record.replace(**fields)
         found = tools_in_prompt(record)
-        return record if found is None else dataclasses.replace(record, tools_in_prompt=found)
+        return record if found is None else record.replace(tools_in_prompt=found)
 
     async def _output_tokens(
         self, obs: Observation, fields: dict[str, Any], errors: list[str]
@@ -693,6 +692,11 @@ class Accounting:
 async def _joined(task: Awaitable[_T], limit_s: float) -> tuple[_T | None, str | None]:
     """The result of a shared look-up ``task`` (never cancelled by a waiter), or None and
     why not: its exception's name, or ``cancelled``."""
+    if isinstance(task, asyncio.Future) and task.done():  # the common case: no waiting
+        if task.cancelled():
+            return None, "cancelled"
+        exc = task.exception()
+        return (task.result(), None) if exc is None else (None, type(exc).__name__)
     try:
         return await asyncio.wait_for(asyncio.shield(task), limit_s), None
     except asyncio.CancelledError:

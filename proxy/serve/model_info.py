@@ -10,7 +10,6 @@ command, which has no event loop, uses :meth:`ModelInfo.fetch_blocking`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import urllib.error
 import urllib.request
@@ -88,9 +87,7 @@ class ModelInfo:
             self._maybe_fetch()
             return record
         fields = record_roofline(record, meta, self._board)
-        return dataclasses.replace(
-            record, decode_gbs=fields["decode_gbs"], roof_ratio=fields["roof_ratio"]
-        )
+        return record.replace(decode_gbs=fields["decode_gbs"], roof_ratio=fields["roof_ratio"])
 
     def _maybe_fetch(self) -> None:
         now = self._clock()

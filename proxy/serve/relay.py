@@ -12,7 +12,6 @@ agent's connection instead of ending the body cleanly.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -242,6 +241,8 @@ class Relay:
             max_body_bytes=settings.max_body_bytes,
             skip=None if encoding == "identity" else f"content_encoding:{encoding}",
             dialect=flight.facts.dialect,
+            # the annotation reads the record so far mid-stream: nothing kept unread then
+            defer_bytes=0 if flight.annotate else DEFER_BYTES,
         )
         flight.tracker = tracker
         resp = web.StreamResponse(
@@ -565,6 +566,8 @@ class Relay:
                 f"request body of {request.content_length} bytes exceeds the "
                 f"proxy's limit of {limit} bytes",
             )
+        if request.content_length is not None:  # framed by its length: within the limit
+            return await request.content.read()
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.content.iter_any():
@@ -617,9 +620,9 @@ class Relay:
         exchange = _exchange(request, flight, flight.outcome, end, flight.error)
         record = build_record(exchange, flight.facts, obs)
         if flight.annotate_error is not None and record.analysis_error is None:
-            record = dataclasses.replace(record, analysis_error=flight.annotate_error)
+            record = record.replace(analysis_error=flight.annotate_error)
         if flight.accounting_error is not None:
-            record = dataclasses.replace(record, accounting_error=flight.accounting_error)
+            record = record.replace(accounting_error=flight.accounting_error)
         pending = flight.pending if self._accounting is not None else None
         # the board's samples for the request's wall interval: chat and tool turns only
         board = self._telemetry if record.kind is not Kind.OTHER else None
@@ -651,17 +654,17 @@ class Relay:
             try:
                 record = await self._accounting.complete(record, pending, obs)
             except Exception as exc:  # the record is still written, with the reason
-                record = dataclasses.replace(record, accounting_error=type(exc).__name__)
+                record = record.replace(accounting_error=type(exc).__name__)
         if sampled is not None:
             try:
-                record = dataclasses.replace(record, **await sampled)
+                record = record.replace(**await sampled)
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
-                record = dataclasses.replace(record, telemetry_error="cancelled")
+                record = record.replace(telemetry_error="cancelled")
             except Exception as exc:  # the record is still written, with the reason
-                record = dataclasses.replace(record, telemetry_error=type(exc).__name__)
+                record = record.replace(telemetry_error=type(exc).__name__)
         self._on_record(record, facts, obs)
 
     async def drain(self, within_s: float | None = None) -> None:
@@ -671,6 +674,13 @@ class Relay:
         if self._completing:
             await asyncio.wait(set(self._completing), timeout=within_s)
 
+
+DEFER_BYTES = 64 * 1024
+"""The response bytes the tracker may keep unread while the relay forwards them
+(:class:`~proxy.core.tracker.StreamTracker`'s ``defer_bytes``): a response up to this size
+is analysed after its last byte has gone to the agent, in the record's hand-off, instead of
+between two reads of a burst; a longer one in batches of this size. Per stream in flight,
+at most this much is held beyond what the relay holds anyway."""
 
 HANDOFF_DELAY_S = 0.002
 """How long after an exchange ends its record is built and handed to the sinks (``/stats``,

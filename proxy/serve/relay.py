@@ -122,6 +122,9 @@ class Relay:
         self._finishing: list[tuple[web.Request, _Flight, float]] = []
         """Ended requests waiting for :meth:`_finish_all`, in the order they ended."""
         self._handoff: asyncio.TimerHandle | None = None
+        self._waiting_since: float | None = None
+        """Loop time the oldest record waiting for its hand-off ended (None: none waits)."""
+        self._in_flight = 0
         self._settings = settings
         self._base = settings.upstream.rstrip("/")
         self._on_record = on_record
@@ -135,6 +138,9 @@ class Relay:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """aiohttp handler for every path the proxy does not reserve for itself."""
+        self._in_flight += 1
+        if self._handoff is not None:  # busy again: the hand-off waits (up to its limit)
+            self._arm_handoff()
         flight = _Flight(
             t0=self._clock(),
             ts=iso_utc(),
@@ -159,6 +165,7 @@ class Relay:
                 500, "timing-proxy failed to relay the request", Outcome.PROXY_ERROR, flight.id
             )
         finally:
+            self._in_flight -= 1
             if flight.headers_sent:  # the agent has the response, or all it will get
                 self._finish_later(request, flight)
             else:  # a reply aiohttp sends after this (a refusal): its record first, as ever
@@ -592,18 +599,36 @@ class Relay:
 
     def _finish_later(self, request: web.Request, flight: _Flight) -> None:
         """Note the end of the exchange now; build its record and give it to the sinks
-        :data:`HANDOFF_DELAY_S` later, with every other exchange ended meanwhile. (A reply
-        not sent yet when the handler ends, a refusal or an error, has its record built at
-        once, after those waiting, as before: its client may look for it on arrival.)"""
+        once the relay has been idle for :data:`HANDOFF_DELAY_S`, with every other exchange
+        ended meanwhile (at the latest :data:`HANDOFF_MAX_DELAY_S` after the oldest ended).
+        (A reply not sent yet when the handler ends, a refusal or an error, has its record
+        built at once, after those waiting, as before: its client may look for it on
+        arrival.)"""
         self._finishing.append((request, flight, self._clock()))
-        if self._handoff is None:
-            self._handoff = asyncio.get_running_loop().call_later(HANDOFF_DELAY_S, self._finish_all)
+        if self._waiting_since is None:
+            self._waiting_since = asyncio.get_running_loop().time()
+        self._arm_handoff()
+
+    def _arm_handoff(self) -> None:
+        """(Re)arm the hand-off: :data:`HANDOFF_DELAY_S` from now when no exchange is in
+        flight, else at the limit; never later than the limit."""
+        assert self._waiting_since is not None
+        loop = asyncio.get_running_loop()
+        latest = self._waiting_since + max(HANDOFF_MAX_DELAY_S, HANDOFF_DELAY_S)
+        due = latest if self._in_flight else min(loop.time() + HANDOFF_DELAY_S, latest)
+        handoff = self._handoff
+        if handoff is not None:
+            if handoff.when() == due:
+                return
+            handoff.cancel()
+        self._handoff = loop.call_at(due, self._finish_all)
 
     def _finish_all(self) -> None:
         """Build and hand off the record of every ended exchange waiting, oldest first."""
         if self._handoff is not None:
             self._handoff.cancel()
             self._handoff = None
+        self._waiting_since = None
         finishing, self._finishing = self._finishing, []
         for request, flight, end in finishing:
             try:
@@ -683,11 +708,17 @@ between two reads of a burst; a longer one in batches of this size. Per stream i
 at most this much is held beyond what the relay holds anyway."""
 
 HANDOFF_DELAY_S = 0.002
-"""How long after an exchange ends its record is built and handed to the sinks (``/stats``,
-``/metrics``, the log line, the accounting): the few hundred microseconds of CPU that costs
-then land after the agent's next request, if it comes at once, has gone to the upstream,
-instead of in front of it; the exchanges ending within that time go together. The times in
-the record are taken when the exchange ends, not then."""
+"""How long the relay must have been idle (no exchange in flight) before the records of
+the exchanges that ended are built and handed to the sinks (``/stats``, ``/metrics``, the
+log line, the accounting): the few hundred microseconds of CPU that costs then land in a
+pause of the agent's, or after its next request has gone to the upstream, instead of in
+front of a request; the exchanges ending within that time go together. The times in the
+record are taken when the exchange ends, not then."""
+
+HANDOFF_MAX_DELAY_S = 0.010
+"""The longest a record waits for its hand-off while exchanges keep the relay busy (the
+hand-off then runs between their reads): under 200 concurrent streams, about ten records
+at a time."""
 
 
 def _exchange(

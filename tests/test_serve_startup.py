@@ -9,6 +9,7 @@ import errno
 import gc
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,6 +20,7 @@ import proxy.serve.app
 from proxy.commands.ports import free_port
 from proxy.config import Config, load_config
 from proxy.serve.keys import BACKGROUND
+from proxy.serve.tasks import spawn
 from tests.run_app import run_app_arguments
 
 
@@ -120,12 +122,15 @@ async def test_run_serves_the_pages_on_the_admin_listener_and_relays_the_rest(
     with it; the agent's listener relays /stats like any path (here to an upstream that
     refuses: the proxy's own 502 in OpenAI's shape)."""
     admin_port = free_port()
-    app, _ = run_app_arguments(_config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch)
+    app, kwargs = run_app_arguments(
+        _config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch
+    )
     runner = web.AppRunner(app)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
+        kwargs["print"]("======== Running ========")  # as run_app does once sites listen
         agent = f"http://127.0.0.1:{runner.addresses[0][1]}"
         async with aiohttp.ClientSession() as client:
             async with client.get(f"http://127.0.0.1:{admin_port}/stats") as own:
@@ -137,3 +142,34 @@ async def test_run_serves_the_pages_on_the_admin_listener_and_relays_the_rest(
         await runner.cleanup()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", admin_port)) != 0, "admin still listening"
+
+
+async def test_the_admin_pages_wait_until_the_agent_listener_listens(
+    monkeypatch: pytest.MonkeyPatch, refusing_url: str
+) -> None:
+    """The admin listener is up before the agent's (it starts first), but a /stats read
+    sent then is answered only once every site listens: a readiness check that polls
+    /stats (the demo, the docker healthcheck) never sees a proxy that cannot relay yet."""
+    admin_port = free_port()
+    app, kwargs = run_app_arguments(
+        _config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        async with aiohttp.ClientSession() as client:
+            early = spawn(_get_stats(client, admin_port), set())
+            done, _ = await asyncio.wait({early}, timeout=0.5)
+            assert not done, "the admin page answered before the agent's listener listened"
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            kwargs["print"]("======== Running ========")
+            status, doc = await asyncio.wait_for(early, 10)
+            assert status == 200 and "kinds" in doc
+    finally:
+        await runner.cleanup()
+
+
+async def _get_stats(client: aiohttp.ClientSession, port: int) -> tuple[int, Any]:
+    async with client.get(f"http://127.0.0.1:{port}/stats") as resp:
+        return resp.status, await resp.json()

@@ -25,9 +25,10 @@ from proxy.core.stats import Stats
 from proxy.core.timestamps import iso_utc
 from proxy.serve.accounting import Accounting
 from proxy.serve.admin import AdminThread
-from proxy.serve.handlers import admin_errors, auth_middleware, route, route_admin
+from proxy.serve.handlers import admin_errors, admin_ready, auth_middleware, route, route_admin
 from proxy.serve.keys import (
     ACCOUNTING,
+    ADMIN_READY,
     ADMIN_SESSION,
     BACKGROUND,
     CONFIG,
@@ -104,9 +105,11 @@ def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Applic
 
 def build_admin_app(app: web.Application) -> web.Application:
     """The admin listener's application: the proxy's pages over ``app``'s state."""
-    admin = web.Application(
-        middlewares=[admin_errors, auth_middleware(app[CONFIG].admin.auth_token)]
-    )
+    middlewares = [admin_errors, auth_middleware(app[CONFIG].admin.auth_token)]
+    ready = app.get(ADMIN_READY)
+    if ready is not None:  # served by run(): the pages wait for the agent's listener
+        middlewares.insert(0, admin_ready(ready))
+    admin = web.Application(middlewares=middlewares)
     admin[MAIN_APP] = app
     admin.cleanup_ctx.append(_admin_session)
     route_admin(admin)
@@ -237,6 +240,7 @@ class _Announcer:
         """``run_app``'s ``print``: called once every site is listening."""
         config = self._app[CONFIG]
         self.listening = True
+        self._app[ADMIN_READY].set()  # the admin pages answer from now on
         self._log.info(
             "proxy_started",
             listen=f"{config.server.host}:{config.server.port}",
@@ -282,6 +286,7 @@ def run(config: Config) -> None:
     nothing logged before it.
     """
     app = build_app(config)
+    app[ADMIN_READY] = threading.Event()
     announcer = _Announcer(app, get_logger())
     # first: a port in use then fails the start before any session is open (run_app does
     # not clean up after a failed setup), and the pages stay up through the drain

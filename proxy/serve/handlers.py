@@ -7,7 +7,9 @@ reaches the agent byte for byte). The admin application holds the relaying one u
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -36,6 +38,7 @@ from proxy.serve.upstream import own_headers
 __all__ = [
     "ADMIN_PATHS",
     "admin_errors",
+    "admin_ready",
     "auth_middleware",
     "handle_dashboard",
     "handle_metrics",
@@ -50,6 +53,8 @@ ADMIN_PATHS = frozenset({"/stats", "/metrics", "/dashboard"})
 """The admin listener's pages (and ``/stats/records/{id}``); the agent's listener relays all."""
 
 UPSTREAM_METRICS_TIMEOUT_S = 2.0
+READY_WAIT_S = 30.0
+"""How long an admin page waits for the agent's listener at start before a 503."""
 READ_ATTEMPTS = 3
 """Reads of the relay's state that another thread changed mid-read (``RuntimeError``:
 a dict or deque changed size during iteration) are tried again this many times in all."""
@@ -81,6 +86,26 @@ def auth_middleware(token: str | None) -> Any:
         )
 
     return check
+
+
+def admin_ready(ready: threading.Event) -> Any:
+    """The admin pages wait until ``ready`` is set (the agent's listener listens), so that
+    a page that answers means the proxy relays; after :data:`READY_WAIT_S`, a 503."""
+
+    @web.middleware
+    async def wait(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not ready.is_set():
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + READY_WAIT_S
+            while not ready.is_set():  # only while the proxy starts
+                if loop.time() > deadline:
+                    return error_response(
+                        503, "timing-proxy is starting: its relay is not listening yet", "starting"
+                    )
+                await asyncio.sleep(0.01)
+        return await handler(request)
+
+    return wait
 
 
 @web.middleware

@@ -29,6 +29,7 @@ from proxy.serve.telemetry import Telemetry
 
 __all__ = [
     "ACCOUNTING",
+    "ADMIN_READY",
     "ADMIN_SESSION",
     "BACKGROUND",
     "CONFIG",
@@ -68,6 +69,10 @@ TELEMETRY: web.AppKey[Telemetry | None] = web.AppKey("telemetry")
 STATE_LOCK = web.AppKey("state_lock", threading.RLock)
 """Held by the record sinks while they change what the admin pages read, and by the pages
 while they read it: the admin listener runs on a thread of its own (:mod:`proxy.serve.admin`)."""
+ADMIN_READY = web.AppKey("admin_ready", threading.Event)
+"""Set by :func:`proxy.serve.app.run` once the agent's listener listens too: until then the
+admin pages wait, so a page that answers means the proxy relays (readiness checks poll
+``/stats``)."""
 ADMIN_SESSION = web.AppKey("admin_session", aiohttp.ClientSession)
 """On the admin application: its own session to the upstream (for llama-server's
 ``/metrics``), opened on the admin listener's event loop."""

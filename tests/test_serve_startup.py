@@ -8,7 +8,8 @@ import asyncio
 import errno
 import gc
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -115,59 +116,67 @@ def test_admin_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str)
     assert logs == []
 
 
+@dataclass
+class _AsRun:
+    """The app as ``run`` builds it, set up (its admin listener up), its site not started."""
+
+    runner: web.AppRunner
+    admin_port: int
+    announce: Callable[..., None]
+    """``run_app``'s ``print``: called once every site listens."""
+
+    async def listen(self) -> str:
+        """Start the agent's site as ``run_app`` does, then announce; the agent's URL."""
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.announce("======== Running ========")
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+
+@pytest.fixture
+async def as_run(monkeypatch: pytest.MonkeyPatch, refusing_url: str) -> AsyncIterator[_AsRun]:
+    """``run``'s app in front of an upstream that refuses, admin on a free port."""
+    admin_port = free_port()
+    app, kwargs = run_app_arguments(
+        _config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        yield _AsRun(runner, admin_port, kwargs["print"])
+    finally:
+        await runner.cleanup()
+
+
 async def test_run_serves_the_pages_on_the_admin_listener_and_relays_the_rest(
-    monkeypatch: pytest.MonkeyPatch, refusing_url: str
+    as_run: _AsRun,
 ) -> None:
     """As ``run`` starts it, the admin listener answers /stats while the app runs and stops
     with it; the agent's listener relays /stats like any path (here to an upstream that
     refuses: the proxy's own 502 in OpenAI's shape)."""
-    admin_port = free_port()
-    app, kwargs = run_app_arguments(
-        _config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch
-    )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        kwargs["print"]("======== Running ========")  # as run_app does once sites listen
-        agent = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with aiohttp.ClientSession() as client:
-            async with client.get(f"http://127.0.0.1:{admin_port}/stats") as own:
-                assert own.status == 200 and "kinds" in await own.json()
-            async with client.get(agent + "/stats") as relayed:
-                assert relayed.status == 502
-                assert "upstream unreachable" in (await relayed.json())["error"]["message"]
-    finally:
-        await runner.cleanup()
+    agent = await as_run.listen()
+    async with aiohttp.ClientSession() as client:
+        status, doc = await _get_stats(client, as_run.admin_port)
+        assert status == 200 and "kinds" in doc
+        async with client.get(agent + "/stats") as relayed:
+            assert relayed.status == 502
+            assert "upstream unreachable" in (await relayed.json())["error"]["message"]
+    await as_run.runner.cleanup()
     with socket.socket() as probe:
-        assert probe.connect_ex(("127.0.0.1", admin_port)) != 0, "admin still listening"
+        assert probe.connect_ex(("127.0.0.1", as_run.admin_port)) != 0, "admin still listening"
 
 
-async def test_the_admin_pages_wait_until_the_agent_listener_listens(
-    monkeypatch: pytest.MonkeyPatch, refusing_url: str
-) -> None:
+async def test_the_admin_pages_wait_until_the_agent_listener_listens(as_run: _AsRun) -> None:
     """The admin listener is up before the agent's (it starts first), but a /stats read
     sent then is answered only once every site listens: a readiness check that polls
     /stats (the demo, the docker healthcheck) never sees a proxy that cannot relay yet."""
-    admin_port = free_port()
-    app, kwargs = run_app_arguments(
-        _config(refusing_url, admin=f"127.0.0.1:{admin_port}"), monkeypatch
-    )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    try:
-        async with aiohttp.ClientSession() as client:
-            early = spawn(_get_stats(client, admin_port), set())
-            done, _ = await asyncio.wait({early}, timeout=0.5)
-            assert not done, "the admin page answered before the agent's listener listened"
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            kwargs["print"]("======== Running ========")
-            status, doc = await asyncio.wait_for(early, 10)
-            assert status == 200 and "kinds" in doc
-    finally:
-        await runner.cleanup()
+    async with aiohttp.ClientSession() as client:
+        early = spawn(_get_stats(client, as_run.admin_port), set())
+        done, _ = await asyncio.wait({early}, timeout=0.5)
+        assert not done, "the admin page answered before the agent's listener listened"
+        await as_run.listen()
+        status, doc = await asyncio.wait_for(early, 10)
+        assert status == 200 and "kinds" in doc
 
 
 async def _get_stats(client: aiohttp.ClientSession, port: int) -> tuple[int, Any]:

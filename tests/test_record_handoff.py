@@ -8,13 +8,14 @@ import asyncio
 import time
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.serve import relay as relay_module
 from proxy.serve.app import RELAY
 from tests.conftest import ProxyFactory, ProxyUnderTest
-from tests.fakes import FakeUpstream, json_response
+from tests.fakes import FakeUpstream, SeenRequest, json_response, slow_steady
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
 
@@ -73,4 +74,45 @@ async def test_drain_hands_off_at_once(
     assert [r.id for r in proxy.captured.records] == [first, second]
     await relay.drain()
     await asyncio.sleep(0.05)
+    assert len(proxy.captured.records) == 2
+
+
+async def test_records_wait_while_the_relay_is_busy_until_the_limit(
+    fake: tuple[FakeUpstream, TestServer],
+    make_proxy: ProxyFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a stream is in flight, an ended exchange's record is not handed off after
+    the idle delay (the relay is busy), but it is at the limit, the stream still going;
+    the stream's own record follows the idle delay after it ends."""
+    monkeypatch.setattr(relay_module, "HANDOFF_DELAY_S", 0.05)
+    monkeypatch.setattr(relay_module, "HANDOFF_MAX_DELAY_S", 1.0)
+    upstream, server = fake
+    stream = slow_steady(20, 0.1)  # about 2 s
+    plain = json_response(200, b'{"ok":true}')
+
+    async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
+        body = await request.read()
+        return await (stream if b'"stream":true' in body else plain)(request, seen)
+
+    upstream.script = script
+    proxy = await make_proxy(str(server.make_url("")).rstrip("/"))
+    streaming = await proxy.client.post("/v1/chat/completions", data=BODY[:-1] + b',"stream":true}')
+    await streaming.content.readany()  # the stream is in flight
+    t0 = time.perf_counter()
+    quick = await _ask(proxy)
+    await asyncio.sleep(0.3)  # six idle delays, well inside the limit
+    if time.perf_counter() - t0 < 0.9:  # a slow machine may pass the limit already
+        assert proxy.captured.records == [], "handed off while the relay was busy"
+    for _ in range(300):
+        if proxy.captured.records:
+            break
+        await asyncio.sleep(0.01)
+    assert [r.id for r in proxy.captured.records] == [quick]
+    assert not streaming.content.at_eof(), "the limit, not the stream's end, handed it off"
+    await streaming.read()
+    for _ in range(300):
+        if len(proxy.captured.records) == 2:
+            break
+        await asyncio.sleep(0.01)
     assert len(proxy.captured.records) == 2

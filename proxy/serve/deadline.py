@@ -43,6 +43,9 @@ class Deadlines(Generic[T]):
         self.expired: T | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = _NEVER
+        # the first timer is armed for the shorter limit: the write after the first read
+        # then finds it early enough, and one timer is armed per exchange, not two
+        self._soonest = min((s for s in (read_s, write_s) if s > 0), default=0.0)
         """When the armed timer fires (``_NEVER`` when none is)."""
 
     # reading() and writing() run twice per relayed chunk: a clock read, two stores and
@@ -54,14 +57,14 @@ class Deadlines(Generic[T]):
         self._since = now = self._time()
         self._writing = False
         if self._read_s > 0 and now + self._read_s < self._due:
-            self._arm(now + self._read_s)
+            self._arm(now + self._soonest)
 
     def writing(self) -> None:
         """A write starts now."""
         self._since = now = self._time()
         self._writing = True
         if self._write_s > 0 and now + self._write_s < self._due:
-            self._arm(now + self._write_s)
+            self._arm(now + self._soonest)
 
     def _arm(self, due: float) -> None:
         """The timer fires at ``due`` instead of later (or never)."""

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -83,7 +84,8 @@ class _Flight:
     """Mutable state of one exchange while it runs; frozen into a Record at the end."""
 
     t0: float
-    ts: str
+    wall: float
+    """``time.time()`` at the start: the record's ``ts``, formatted when the record is built."""
     id: str
     facts: RequestFacts
     request_bytes: int = 0
@@ -124,6 +126,8 @@ class Relay:
         self._handoff: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
         """Loop time the oldest record waiting for its hand-off ended (None: none waits)."""
+        self._last_end = 0.0
+        """Loop time the last exchange ended."""
         self._in_flight = 0
         self._settings = settings
         self._base = settings.upstream.rstrip("/")
@@ -139,11 +143,9 @@ class Relay:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """aiohttp handler for every path the proxy does not reserve for itself."""
         self._in_flight += 1
-        if self._handoff is not None:  # busy again: the hand-off waits (up to its limit)
-            self._arm_handoff()
         flight = _Flight(
             t0=self._clock(),
-            ts=iso_utc(),
+            wall=time.time(),
             id=f"{_ids.getrandbits(64):016x}",
             facts=analyse_request(request.method, request.path, b""),
         )
@@ -605,23 +607,28 @@ class Relay:
         built at once, after those waiting, as before: its client may look for it on
         arrival.)"""
         self._finishing.append((request, flight, self._clock()))
+        loop = asyncio.get_running_loop()
+        self._last_end = now = loop.time()
         if self._waiting_since is None:
-            self._waiting_since = asyncio.get_running_loop().time()
-        self._arm_handoff()
+            self._waiting_since = now
+        if self._handoff is None:
+            self._handoff = loop.call_at(now + HANDOFF_DELAY_S, self._handoff_due)
 
-    def _arm_handoff(self) -> None:
-        """(Re)arm the hand-off: :data:`HANDOFF_DELAY_S` from now when no exchange is in
-        flight, else at the limit; never later than the limit."""
+    def _handoff_due(self) -> None:
+        """The hand-off's timer: hand off when the relay has been idle for
+        :data:`HANDOFF_DELAY_S` or the oldest record has waited its limit, else look again
+        when one of the two can be true (one timer per batch, none re-armed per request)."""
         assert self._waiting_since is not None
         loop = asyncio.get_running_loop()
+        now = loop.time()
         latest = self._waiting_since + max(HANDOFF_MAX_DELAY_S, HANDOFF_DELAY_S)
-        due = latest if self._in_flight else min(loop.time() + HANDOFF_DELAY_S, latest)
-        handoff = self._handoff
-        if handoff is not None:
-            if handoff.when() == due:
-                return
-            handoff.cancel()
-        self._handoff = loop.call_at(due, self._finish_all)
+        idle_at = self._last_end + HANDOFF_DELAY_S
+        if now >= latest or (not self._in_flight and now >= idle_at):
+            self._handoff = None
+            self._finish_all()
+            return
+        due = min(latest, idle_at if not self._in_flight else now + HANDOFF_DELAY_S)
+        self._handoff = loop.call_at(due, self._handoff_due)
 
     def _finish_all(self) -> None:
         """Build and hand off the record of every ended exchange waiting, oldest first."""
@@ -727,7 +734,7 @@ def _exchange(
     """The relay's facts of one exchange, ended at clock time ``end`` with ``outcome``."""
     return Exchange(
         id=flight.id,
-        ts=flight.ts,
+        ts=iso_utc(datetime.fromtimestamp(flight.wall, UTC)),
         method=request.method,
         path=request.path,
         status=flight.status,

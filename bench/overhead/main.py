@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections.abc import Sequence
 
 from bench.overhead.cli import parse_args
-from bench.overhead.constants import BARE, LEAN, RESULTS_DIR, ROOT, SPLICE
+from bench.overhead.constants import BARE, LEAN, SPLICE
+from bench.overhead.results import save_run
 
 
 def run_role(args: argparse.Namespace) -> None:
@@ -43,12 +43,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.overhead.run import run_bench
 
     res = asyncio.run(run_bench(args))
-    out = args.out or (RESULTS_DIR / f"relay_overhead-{res['timestamp'].replace(':', '')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = report(res)
-    res["markdown"] = text
-    out.write_text(json.dumps(res, indent=2, default=str) + "\n")
-    print(text)
-    shown = out.resolve()
-    print(f"\nResults: {shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")
+    save_run(res, report(res), "relay_overhead", args.out)
     return 0

@@ -4,13 +4,13 @@ to ``bench/results/peers-<UTC>.json`` and printed as Markdown."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shlex
 import sys
 from collections.abc import Sequence
 
-from bench.overhead.constants import PY, RESULTS_DIR, ROOT
+from bench.overhead.constants import PY, ROOT
+from bench.overhead.results import save_run
 from bench.peers.cli import parse_args
 from bench.peers.install import PeerUnavailable
 from bench.peers.launch import install
@@ -41,12 +41,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.peers.run import run_peers
 
     res = asyncio.run(run_peers(args, command_line(argv)))
-    out = args.out or (RESULTS_DIR / f"peers-{res['timestamp'].replace(':', '')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = report(res)
-    res["markdown"] = text
-    out.write_text(json.dumps(res, indent=2, default=str) + "\n")
-    print(text)
-    shown = out.resolve()
-    print(f"\nResults: {shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")
+    save_run(res, report(res), "peers", args.out)
     return 0

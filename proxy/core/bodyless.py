@@ -89,7 +89,7 @@ class StrayTerminator:
     def feed(self, data: bytes) -> bytes:
         """The bytes to give the parser for ``data`` (the same object when nothing is
         removed or held)."""
-        if self._state is _State.BODY or not data:
+        if self.in_body or not data:
             return data
         if self._state is _State.TERMINATOR:
             return self._after_head(data)

@@ -43,10 +43,10 @@ class Deadlines(Generic[T]):
         self.expired: T | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = _NEVER
+        """When the armed timer fires (``_NEVER`` when none is)."""
         # the first timer is armed for the shorter limit: the write after the first read
         # then finds it early enough, and one timer is armed per exchange, not two
         self._soonest = min((s for s in (read_s, write_s) if s > 0), default=0.0)
-        """When the armed timer fires (``_NEVER`` when none is)."""
 
     # reading() and writing() run twice per relayed chunk: a clock read, two stores and
     # one comparison with the armed timer's due time, the timer re-armed only when it would

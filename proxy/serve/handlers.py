@@ -134,14 +134,15 @@ def _read(app: web.Application, read: Callable[[], T]) -> T:
     relay's loop changes outside it (the accounting's look-ups, the board sampler) is
     replaced whole or appended to, and an iteration that met such an append is read again.
     """
-    for attempt in range(READ_ATTEMPTS):
-        with app[STATE_LOCK]:
+    lock = app[STATE_LOCK]
+    for _ in range(READ_ATTEMPTS - 1):
+        with lock:
             try:
                 return read()
             except RuntimeError:
-                if attempt == READ_ATTEMPTS - 1:
-                    raise
-    raise AssertionError("unreachable")
+                continue
+    with lock:  # the last attempt: its error is the reader's
+        return read()
 
 
 async def handle_stats(request: web.Request) -> web.Response:

@@ -350,12 +350,7 @@ class Relay:
                 flight.outcome = _client_gone(flight)
                 return resp
             tracker.feed(chunk, arrived)
-        deadlines.idle()
-        try:
-            await resp.write_eof()
-        except ConnectionError:
-            flight.outcome = _client_gone(flight)
-        return resp
+        return await self._end(resp, flight, deadlines)
 
     async def _relay_annotated(
         self,
@@ -530,6 +525,13 @@ class Relay:
         flight.expected_bytes = size
         if failure is not None:
             return self._cut(request, resp, flight, Outcome.UPSTREAM_CLOSED_MID_STREAM, failure)
+        return await self._end(resp, flight, deadlines)
+
+    @staticmethod
+    async def _end(
+        resp: web.StreamResponse, flight: _Flight, deadlines: Deadlines[Outcome]
+    ) -> web.StreamResponse:
+        """The body is all written: end it (an agent gone by then is :func:`_client_gone`)."""
         deadlines.idle()
         try:
             await resp.write_eof()

@@ -32,10 +32,10 @@ every field Pareto (shape 1.1, infinite variance) or log-normal (sigma 2, six de
 ``seed-five``: only the seed's five tool totals (a window of 5).
 
 ``ddsketch`` is not a dependency of the proxy: install it (and ``six``) anywhere on
-``PYTHONPATH`` to include it, e.g. ``pip install --target /tmp/ddsk ddsketch six``; without it
+``PYTHONPATH`` to include it, e.g. ``pip install --target DIR ddsketch six``; without it
 its rows are skipped. A script to run by hand::
 
-    PYTHONPATH=/tmp/ddsk .venv/bin/python bench/stats_sketch.py [--window 10000] [--rounds 7]
+    PYTHONPATH=DIR .venv/bin/python bench/stats_sketch.py [--window 10000] [--rounds 7]
 """
 
 from __future__ import annotations

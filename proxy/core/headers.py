@@ -45,23 +45,22 @@ REQUEST_ID_HEADER = "X-Timing-Proxy-Request-Id"
 """The one response header the proxy adds: its request id, the ``id`` of the record."""
 
 
-def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
-    tokens: set[str] = set()
-    for name, value in headers:
-        if name.lower() == "connection":
-            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return tokens
-
-
 def _filter(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> CIMultiDict[str]:
-    items = list(headers)
-    tokens = _connection_tokens(items)
-    dropped = drop | tokens if tokens else drop  # most requests name no extra header
+    """``headers`` less those in ``drop`` (which holds ``connection``) and those a
+    ``Connection`` header names, in one pass: the few named are taken out at the end, as
+    they may come before it."""
     out: CIMultiDict[str] = CIMultiDict()
     add = out.add
-    for name, value in items:
-        if name.lower() not in dropped:
+    named: list[str] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower not in drop:
             add(name, value)
+        elif lower == "connection":
+            named += (t.strip().lower() for t in value.split(","))
+    for token in named:
+        if token:
+            out.popall(token, None)
     return out
 
 

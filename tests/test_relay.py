@@ -6,6 +6,7 @@ import asyncio
 import base64
 import re
 import time
+from asyncio import selector_events
 from typing import Any
 
 import aiohttp
@@ -478,3 +479,111 @@ class TestUpstreamConnections:
             await resp.read()
             statuses.append(resp.status)
         assert statuses == [200] * 20
+
+
+class TestHeadWithBody:
+    """Body bytes that came in with the upstream's head go out with the head, in one send;
+    a head whose body is not there yet is never held for it."""
+
+    async def test_head_and_body_in_hand_leave_in_one_write(
+        self, proxied: Proxied, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A whole JSON reply (head and body in one upstream read) reaches the agent's socket
+        in a single write of the head and the body, unchanged."""
+        upstream, proxy = proxied
+        reply = b'{"choices":[{"message":{"content":"hi"}}],"timings":{"prompt_n":1}}'
+        upstream.script = json_response(200, reply)
+        port = int(proxy.url.rsplit(":", 1)[1])
+        writes: list[bytes] = []
+        transport = selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+        original = transport.write
+
+        def spy(self: Any, data: Any) -> None:
+            if self.get_extra_info("sockname")[1] == port:
+                writes.append(bytes(data))
+            original(self, data)
+
+        monkeypatch.setattr(transport, "write", spy)
+        resp = await proxy.client.post("/v1/chat/completions", data=b'{"max_tokens":4}')
+        assert await resp.read() == reply
+        assert len(writes) == 1
+        assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(reply)
+
+    async def test_head_is_not_held_for_a_late_body(self, proxied: Proxied) -> None:
+        """The upstream sends its head and only then, once the agent has that head, its body:
+        the agent gets the head first (a proxy holding it for the body would never answer)."""
+        upstream, proxy = proxied
+        agent_has_head = asyncio.Event()
+
+        async def head_then_body(request: web.Request, seen: Any) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = 2
+            await resp.prepare(request)
+            await agent_has_head.wait()
+            await resp.write(b"{}")
+            return resp
+
+        upstream.script = head_then_body
+        resp = await asyncio.wait_for(
+            proxy.client.post("/v1/chat/completions", data=b'{"max_tokens":4}'), 5
+        )
+        agent_has_head.set()
+        assert resp.status == 200
+        assert await asyncio.wait_for(resp.read(), 5) == b"{}"
+
+
+class TestRequestFactsAfterSending:
+    """A body that asks for no stream is analysed after the request is on its way; its
+    record is the same."""
+
+    async def test_unreachable_upstream_record_has_the_bodys_facts(
+        self, make_proxy: ProxyFactory
+    ) -> None:
+        """Even when the exchange ends at once (nothing listens upstream), the record holds
+        what the body says: a tool turn, its model, no stream."""
+        proxy = await make_proxy("http://127.0.0.1:9")
+        body = orjson.dumps(
+            {
+                "model": "robot-brain",
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "move_arm"}}],
+                "stream": False,
+            }
+        )
+        resp = await proxy.client.post("/v1/chat/completions", data=body)
+        assert resp.status == 502
+        record = proxy.captured.last
+        assert (record.kind, record.model, record.stream) == (Kind.TOOL, "robot-brain", False)
+
+    async def test_relayed_plain_request_record_has_the_bodys_facts(self, proxied: Proxied) -> None:
+        """A relayed tool turn without ``stream``: the record's kind, model and tool-call
+        check come from the body parsed after sending it."""
+        upstream, proxy = proxied
+        reply = orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "tool_calls": [
+                                {"function": {"name": "move_arm", "arguments": '{"x":1}'}}
+                            ]
+                        },
+                    }
+                ]
+            }
+        )
+        upstream.script = json_response(200, reply)
+        body = orjson.dumps(
+            {
+                "model": "robot-brain",
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "move_arm"}}],
+            }
+        )
+        resp = await proxy.client.post("/v1/chat/completions", data=body)
+        assert await resp.read() == reply
+        await _wait_record(proxy)
+        record = proxy.captured.last
+        assert (record.kind, record.model, record.stream) == (Kind.TOOL, "robot-brain", False)
+        assert (record.tool_calls, record.tool_call_valid) == (1, True)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.core.record import Kind
-from proxy.core.request import RequestFacts, analyse_request
+from proxy.core.request import RequestFacts, analyse_request, not_streamed
 from tests.fakes import RECORDINGS_DIR, load_recording
 
 CHAT = "/v1/chat/completions"
@@ -26,6 +29,20 @@ WEATHER = {
     },
 }
 ARM = {"type": "function", "function": {"name": "move_arm", "parameters": {"type": "object"}}}
+
+
+_WORDS = st.sampled_from(["stream", "Stream", "streams", 'x"stream', 'stream"', "s\u00e9", "m"])
+_SCALARS = st.one_of(st.booleans(), st.none(), st.integers(-5, 5), _WORDS, st.text(max_size=8))
+_JSON_OBJECTS = st.dictionaries(
+    _WORDS,
+    st.recursive(
+        _SCALARS,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_WORDS, inner, max_size=3),
+        max_leaves=8,
+    ),
+    max_size=4,
+)
+"""JSON objects whose keys and strings are drawn to hit ``stream`` and its near misses."""
 
 
 def body(**fields: Any) -> bytes:
@@ -222,3 +239,57 @@ class TestApi:
         for path, body in (("/v1/responses", responses), ("/v1/messages", messages)):
             facts = analyse_request("POST", path, body)
             assert (facts.kind, facts.tool_names) == (Kind.TOOL, frozenset({"go"}))
+
+
+class TestNotStreamed:
+    """``not_streamed`` tells, without parsing, that a body does not ask for a stream; the
+    relay then leaves the parse for after the request is on its way."""
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            body(),
+            body(stream=False),
+            b'{"model":"m","stream" :\t false,"messages":[]}',
+            b'{"stream":false,"stream":false}',
+            b"not json at all",
+            body(messages=[{"role": "user", "content": 'say \\"stream\\": true'}]),
+        ],
+    )
+    def test_bodies_without_a_stream_are_told_so(self, raw: bytes) -> None:
+        """Absent, false (with any JSON whitespace, repeated), only inside a string, or no
+        JSON: told, and the parse agrees (no stream)."""
+        assert not_streamed(raw)
+        assert analyse_request("POST", CHAT, raw).stream is not True
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            body(stream=True),
+            b'{"stream":false,"stream":true}',
+            b'{"\\u0073tream":true}',
+            b'{"stream":null}',
+            b'{"model":"m","tags":["stream"],"stream":false}',
+            b'{"stream":"false"}',
+        ],
+    )
+    def test_anything_else_is_left_to_the_parse(self, raw: bytes) -> None:
+        """A true, an escaped key, a value ``"stream"`` or any other value: not told, so
+        the body is parsed before it is sent (the first two are streams)."""
+        assert not not_streamed(raw)
+
+    @given(obj=_JSON_OBJECTS, ascii_only=st.booleans(), spaced=st.booleans(), escaped=st.booleans())
+    @settings(max_examples=400, deadline=None)
+    def test_never_wrong(
+        self, obj: dict[str, Any], ascii_only: bool, spaced: bool, escaped: bool
+    ) -> None:
+        """On any JSON object (keys and strings drawn to hit ``stream``, written with or
+        without escapes and spaces, ``"stream"`` spelled with an escaped letter or not), a
+        body told not streamed parses to no stream."""
+        raw = json.dumps(
+            obj, ensure_ascii=ascii_only, separators=(", ", " : ") if spaced else (",", ":")
+        ).encode()
+        if escaped:  # the same JSON, the key written with an escape
+            raw = raw.replace(b'"stream"', b'"\\u0073tream"')
+        if not_streamed(raw):
+            assert analyse_request("POST", CHAT, raw).stream is not True

@@ -6,6 +6,7 @@ simply not analysed, and the record says so.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -15,7 +16,7 @@ import orjson
 from proxy.core.dialects import CHAT_COMPLETIONS, Dialect, dialect_for
 from proxy.core.record import Kind
 
-__all__ = ["RequestFacts", "analyse_request"]
+__all__ = ["RequestFacts", "analyse_request", "not_streamed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,26 @@ def analyse_request(method: str, path: str, body: bytes) -> RequestFacts:
         dialect=dialect,
         api=api,
     )
+
+
+_STREAM_KEY = b'"stream"'
+_STREAM_FALSE = re.compile(rb'"stream"[ \t\n\r]*:[ \t\n\r]*false')
+
+
+def not_streamed(body: bytes) -> bool:
+    """True when ``body``, read as JSON, does not ask for a stream (``stream`` absent or
+    false), found without parsing it: without ``\\u`` escapes a key ``stream`` can only be
+    written ``"stream"``, and here each of those bytes is followed by ``: false``. False
+    whenever that cannot be told so (``"stream": true``, an escape anywhere, ``"stream"``
+    as a value): the relay then parses the body before sending it, as it always did."""
+    if b"\\u" in body:
+        return False
+    at = body.find(_STREAM_KEY)
+    while at >= 0:
+        if _STREAM_FALSE.match(body, at) is None:
+            return False
+        at = body.find(_STREAM_KEY, at + len(_STREAM_KEY))
+    return True
 
 
 @lru_cache(maxsize=256)

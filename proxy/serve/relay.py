@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +30,7 @@ from proxy.core.annotate import ANCHORS, Splitter, annotation, comment, server_t
 from proxy.core.assemble import Exchange, build_record
 from proxy.core.headers import REQUEST_ID_HEADER, request_drop, request_headers, response_headers
 from proxy.core.record import Kind, Outcome, Record
-from proxy.core.request import RequestFacts, analyse_request
+from proxy.core.request import RequestFacts, analyse_request, not_streamed
 from proxy.core.schema import schema_cost
 from proxy.core.timestamps import iso_utc
 from proxy.core.tracker import Observation, StreamTracker
@@ -101,6 +101,9 @@ class _Flight:
     observation: Observation | None = None
     """Set when the body was read whole before the headers (for ``Server-Timing``)."""
     annotate_error: str | None = None
+    body: bytes | None = None
+    """The request body while its analysis waits for the request to be on its way (until
+    then the facts are its method's and path's; :func:`not_streamed` said it is no stream)."""
 
 
 class Relay:
@@ -181,14 +184,15 @@ class Relay:
         except _Abort as abort:
             return self._refuse(flight, abort)
         flight.request_bytes = len(body)
-        flight.facts = analyse_request(request.method, request.path, body)
-        flight.annotate = self._annotates(request, flight.facts)
-        if self._accounting is not None:
-            # on the loop's next turn, once the request below is on its way: hashing a long
-            # conversation for the look-ups' cache never delays the agent's request
-            asyncio.get_running_loop().call_soon(
-                self._begin_accounting, self._accounting, flight, request.headers
-            )
+        if body and not_streamed(body):  # all the relay needs to know before sending it
+            flight.body = body
+        else:
+            flight.facts = analyse_request(request.method, request.path, body)
+        flight.annotate = self._annotates(request, flight.facts)  # the path's and a header's
+        if flight.body is not None or self._accounting is not None:
+            # on the loop's next turn, once the request below is on its way: parsing the
+            # body and hashing a long conversation for the look-ups' cache never delay it
+            asyncio.get_running_loop().call_soon(self._begin, flight, request)
         url = URL(self._base + request.raw_path, encoded=True)
         # llama-server closes the connection after every event stream without saying so
         # (no "Connection: close"); pooled, such a socket is reused while its FIN is on the
@@ -240,28 +244,17 @@ class Relay:
     ) -> web.StreamResponse:
         settings = self._settings
         flight.status = upstream.status
+        # body bytes that came in with the head (a whole JSON reply, a stream's first
+        # event) go out with the head, in one send, before anything else is set up
+        in_hand = not flight.annotate and _body_in_hand(upstream)
+        resp = _response(request, upstream, flight, in_hand)
+        if in_hand:
+            ended = await self._send_in_hand(request, upstream, resp, flight)
+            if ended is not None:
+                return ended
+        else:
+            self._track(upstream, flight)
         sse = upstream.content_type == _SSE
-        encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
-        tracker = StreamTracker(
-            flight.t0,
-            sse=sse,
-            clock=self._clock,
-            max_event_bytes=settings.max_event_bytes,
-            max_body_bytes=settings.max_body_bytes,
-            skip=None if encoding == "identity" else f"content_encoding:{encoding}",
-            dialect=flight.facts.dialect,
-            # the annotation reads the record so far mid-stream: nothing kept unread then
-            defer_bytes=0 if flight.annotate else DEFER_BYTES,
-        )
-        flight.tracker = tracker
-        resp = web.StreamResponse(
-            status=upstream.status,
-            reason=upstream.reason,
-            headers=response_headers(upstream.headers.items()),
-        )
-        resp.headers[REQUEST_ID_HEADER] = flight.id
-        if upstream.content_length is not None and request.method != "HEAD":
-            resp.content_length = flight.expected_bytes = upstream.content_length
         idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
         deadlines = Deadlines(
             idle, write_timeout, Outcome.UPSTREAM_IDLE_TIMEOUT, Outcome.CLIENT_STALLED
@@ -270,9 +263,10 @@ class Relay:
             # annotation is decided once per request, and the loop chosen once
             if flight.annotate and not sse and self._holds(flight):
                 return await self._relay_held(request, upstream, resp, flight, deadlines)
-            refused = await self._prepare(request, resp, flight)
-            if refused is not None:
-                return refused
+            if not in_hand:
+                refused = await self._prepare(request, resp, flight)
+                if refused is not None:
+                    return refused
             if flight.annotate and sse:
                 splitter = Splitter(ANCHORS.get(flight.facts.api))
                 if not await self._relay_annotated(
@@ -295,6 +289,46 @@ class Relay:
             )
         finally:
             deadlines.stop()
+
+    def _track(self, upstream: aiohttp.ClientResponse, flight: _Flight) -> StreamTracker:
+        """The exchange's tracker, for the response ``upstream`` began."""
+        settings = self._settings
+        encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
+        tracker = flight.tracker = StreamTracker(
+            flight.t0,
+            sse=upstream.content_type == _SSE,
+            clock=self._clock,
+            max_event_bytes=settings.max_event_bytes,
+            max_body_bytes=settings.max_body_bytes,
+            skip=None if encoding == "identity" else f"content_encoding:{encoding}",
+            dialect=flight.facts.dialect,
+            # the annotation reads the record so far mid-stream: nothing kept unread then
+            defer_bytes=0 if flight.annotate else DEFER_BYTES,
+        )
+        return tracker
+
+    async def _send_in_hand(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        resp: web.StreamResponse,
+        flight: _Flight,
+    ) -> web.StreamResponse | None:
+        """Send the head with the body bytes in hand (:func:`_body_in_hand`), then set up
+        the tracker and feed it those bytes. ``None`` when the relay goes on; else the
+        response the exchange ends with (a refused head, or the agent gone)."""
+        refused = await self._prepare(request, resp, flight)
+        if refused is not None:
+            return refused
+        sent, arrived = upstream.content.read_nowait(), self._clock()
+        try:
+            await resp.write(sent)  # below aiohttp's drain limit: returns without waiting
+        except ConnectionError:
+            self._track(upstream, flight)
+            flight.outcome = _client_gone(flight)
+            return resp
+        self._track(upstream, flight).feed(sent, arrived)
+        return None
 
     async def _prepare(
         self, request: web.Request, resp: web.StreamResponse, flight: _Flight
@@ -442,6 +476,7 @@ class Relay:
         """The record as it would be if the exchange completed now."""
         if obs is None and flight.tracker is not None:
             obs = flight.tracker.peek()
+        _analysed(flight, request)
         exchange = _exchange(request, flight, Outcome.COMPLETED, self._clock(), None)
         return build_record(exchange, flight.facts, obs)
 
@@ -570,15 +605,17 @@ class Relay:
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
+        length = request.content_length
+        if length is not None and length > limit:
             raise _Abort(
                 Outcome.REQUEST_TOO_LARGE,
                 413,
-                f"request body of {request.content_length} bytes exceeds the "
-                f"proxy's limit of {limit} bytes",
+                f"request body of {length} bytes exceeds the proxy's limit of {limit} bytes",
             )
-        if request.content_length is not None:  # framed by its length: within the limit
-            return await request.content.read()
+        if length is not None:  # framed by its length: within the limit
+            content = request.content
+            # all of it came with the head (a bodiless request too): taken as it is
+            return content.read_nowait() if content.is_eof() else await content.read()
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.content.iter_any():
@@ -592,12 +629,14 @@ class Relay:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @staticmethod
-    def _begin_accounting(
-        accounting: Accounting, flight: _Flight, headers: Mapping[str, str]
-    ) -> None:
+    def _begin(self, flight: _Flight, request: web.Request) -> None:
+        """The request is on its way: its body analysed, its accounting begun."""
+        _analysed(flight, request)
+        accounting = self._accounting
+        if accounting is None:
+            return
         try:
-            flight.pending = accounting.begin(flight.facts, headers)
+            flight.pending = accounting.begin(flight.facts, request.headers)
         except Exception as exc:  # accounting must never stop a request
             flight.accounting_error = f"begin: {type(exc).__name__}"
 
@@ -648,6 +687,7 @@ class Relay:
                 )
 
     def _finish(self, request: web.Request, flight: _Flight, end: float) -> None:
+        _analysed(flight, request)  # the exchange may have ended before the loop's next turn
         obs = flight.observation
         if obs is None and flight.tracker is not None:
             obs = flight.tracker.finish()
@@ -745,6 +785,57 @@ def _exchange(
         request_bytes=flight.request_bytes,
         error=error,
     )
+
+
+def _response(
+    request: web.Request, upstream: aiohttp.ClientResponse, flight: _Flight, in_hand: bool
+) -> web.StreamResponse:
+    """The agent's response to ``upstream``'s: its status, end-to-end headers and length,
+    and the proxy's request id; its head sent with the body's first bytes when ``in_hand``."""
+    resp = (_HeadWithBody if in_hand else web.StreamResponse)(
+        status=upstream.status,
+        reason=upstream.reason,
+        headers=response_headers(upstream.headers.items()),
+    )
+    resp.headers[REQUEST_ID_HEADER] = flight.id
+    if upstream.content_length is not None and request.method != "HEAD":
+        resp.content_length = flight.expected_bytes = upstream.content_length
+    return resp
+
+
+class _HeadWithBody(web.StreamResponse):
+    """A response whose head is written with its first body bytes, in one send, as
+    aiohttp's own ``web.Response`` writes its head (``_send_headers_immediately``, aiohttp's
+    switch for it). The relay uses it only when those bytes are already in hand."""
+
+    _send_headers_immediately = False
+
+
+IN_HAND_MAX_BYTES = 32 * 1024
+"""The most bytes of head and body the relay writes in one send before its deadlines are
+set up: half of aiohttp's 64 KiB, above which a write waits for the agent to drain (and
+then needs its write deadline)."""
+
+
+def _body_in_hand(upstream: aiohttp.ClientResponse) -> bool:
+    """The upstream's body has bytes waiting to be read, reading them cannot fail, and
+    with the head they are few enough to be written without waiting. Nothing was read
+    since the head was parsed, so every byte fed to the body's reader is waiting there."""
+    content = upstream.content
+    size = content.total_bytes
+    if not size or content.exception() is not None:
+        return False
+    for name, value in upstream.raw_headers:  # about the head as it will be written
+        size += len(name) + len(value) + 4
+    return size <= IN_HAND_MAX_BYTES
+
+
+def _analysed(flight: _Flight, request: web.Request) -> None:
+    """The request's facts from its body, if that analysis was left for after sending it."""
+    body = flight.body
+    if body is not None:
+        flight.body = None
+        flight.facts = analyse_request(request.method, request.path, body)
 
 
 def _client_gone(flight: _Flight) -> Outcome:

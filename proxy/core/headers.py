@@ -45,11 +45,12 @@ REQUEST_ID_HEADER = "X-Timing-Proxy-Request-Id"
 """The one response header the proxy adds: its request id, the ``id`` of the record."""
 
 
-def _filter(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> CIMultiDict[str]:
-    """``headers`` less those in ``drop`` (which holds ``connection``) and those a
-    ``Connection`` header names, in one pass: the few named are taken out at the end, as
-    they may come before it."""
-    out: CIMultiDict[str] = CIMultiDict()
+def _filter(
+    headers: Iterable[tuple[str, str]], drop: frozenset[str], out: CIMultiDict[str]
+) -> CIMultiDict[str]:
+    """``out`` with ``headers`` added, less those in ``drop`` (which holds ``connection``)
+    and those a ``Connection`` header names, in one pass: the few named are taken out at
+    the end, as they may come before it."""
     add = out.add
     named: list[str] = []
     for name, value in headers:
@@ -83,11 +84,18 @@ def request_headers(
     ``identity`` so that the upstream never compresses what the framer must read. ``drop``
     names (lower case) what never crosses: :func:`request_drop` adds the proxy's own.
     """
-    out = _filter(headers, drop)
+    out = _filter(headers, drop, CIMultiDict())
     out["Accept-Encoding"] = "identity"
     return out
 
 
-def response_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
-    """Return the upstream's end-to-end response headers to send to the agent, in order."""
-    return _filter(headers, HOP_BY_HOP | _FRAMING)
+_RESPONSE_DROP = HOP_BY_HOP | _FRAMING
+
+
+def response_headers(
+    headers: Iterable[tuple[str, str]], into: CIMultiDict[str] | None = None
+) -> CIMultiDict[str]:
+    """Return the upstream's end-to-end response headers to send to the agent, in order,
+    added to ``into`` (a response's own headers, which are then not copied) or to a new
+    multidict."""
+    return _filter(headers, _RESPONSE_DROP, CIMultiDict() if into is None else into)

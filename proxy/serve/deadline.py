@@ -46,7 +46,7 @@ class Deadlines(Generic[T]):
         """When the armed timer fires (``_NEVER`` when none is)."""
         # the first timer is armed for the shorter limit: the write after the first read
         # then finds it early enough, and one timer is armed per exchange, not two
-        self._soonest = min((s for s in (read_s, write_s) if s > 0), default=0.0)
+        self._soonest = min(read_s, write_s) if read_s > 0 and write_s > 0 else max(read_s, write_s)
 
     # reading() and writing() run twice per relayed chunk: a clock read, two stores and
     # one comparison with the armed timer's due time, the timer re-armed only when it would

@@ -207,7 +207,6 @@ class Relay:
                     headers=request_headers(request.headers.items(), self._request_drop),
                     data=body if body else None,
                     allow_redirects=False,
-                    skip_auto_headers=_NO_AUTO_HEADERS,
                 )
         except TimeoutError:
             return self._refuse(
@@ -793,11 +792,10 @@ def _response(
     """The agent's response to ``upstream``'s: its status, end-to-end headers and length,
     and the proxy's request id; its head sent with the body's first bytes when ``in_hand``."""
     resp = (_HeadWithBody if in_hand else web.StreamResponse)(
-        status=upstream.status,
-        reason=upstream.reason,
-        headers=response_headers(upstream.headers.items()),
+        status=upstream.status, reason=upstream.reason
     )
-    resp.headers[REQUEST_ID_HEADER] = flight.id
+    headers = response_headers(upstream.headers.items(), into=resp.headers)
+    headers[REQUEST_ID_HEADER] = flight.id
     if upstream.content_length is not None and request.method != "HEAD":
         resp.content_length = flight.expected_bytes = upstream.content_length
     return resp
@@ -855,7 +853,6 @@ _SSE = "text/event-stream"
 # secrets.token_hex made a getrandom system call per request (about 3% of the proxy's CPU
 # on back-to-back requests in the bench profile).
 _ids = random.Random()
-_NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Content-Type"})
 
 
 def _abort_client(request: web.Request, *, hard: bool = False) -> None:

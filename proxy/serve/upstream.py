@@ -57,9 +57,15 @@ class _Connector(aiohttp.TCPConnector):
         self._factory = cast("functools.partial[ResponseHandler]", handler)
 
 
+NO_AUTO_HEADERS = ("User-Agent", "Accept", "Content-Type")
+"""The headers aiohttp's client would add by itself, which the upstream sessions do not."""
+
+
 def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSession:
     """A session for the upstream: no total deadline; pooled connections are closed before
-    llama-server's 5 s idle close; ``pooled=False`` closes each connection after use."""
+    llama-server's 5 s idle close; ``pooled=False`` closes each connection after use. It
+    adds no ``User-Agent``, ``Accept`` or ``Content-Type`` of aiohttp's own: a relayed
+    request carries the agent's headers only (set here once, not worked out per request)."""
     up = config.upstream
     connector = (
         _Connector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
@@ -73,6 +79,7 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
         ),
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=NO_AUTO_HEADERS,
     )
 
 

@@ -1196,13 +1196,63 @@ class TestFastPath:
         assert len(seen) == 3  # role, "a" (learnt), then the key-like text; "b" was fast
         assert tracker.finish().token_events == 3
 
+    @pytest.mark.parametrize(
+        "text",
+        [b"plain", b"a\\nb", b"\\u00e9", b"caf\xc3\xa9", b"\xff", b"\x01", b"a\\", b"\\x"],
+        ids=[
+            "plain",
+            "escape",
+            "u-escape",
+            "utf8",
+            "bad-utf8",
+            "control",
+            "lone-backslash",
+            "bad-escape",
+        ],
+    )
+    def test_reasoning_texts_read_alike_fast_and_slow(self, text: bytes) -> None:
+        """A reasoning event of the template's shape whose text is written raw in the JSON
+        (escapes, non-ASCII, bytes no JSON parser accepts): with and without the fast path,
+        whole or one event per read, the same reasoning text and times."""
+        shaped = reasoning("TEXT")
+        parts = [role(), reasoning("first"), shaped.replace(b"TEXT", text), reasoning("last")]
+        for cuts in ([], [len(b"".join(parts[:2])) + 3]):
+            fast = _feed_all(parts, cuts, "/v1/chat/completions", fast=True, cap=1 << 20)
+            slow = _feed_all(parts, cuts, "/v1/chat/completions", fast=False, cap=1 << 20)
+            assert fast == slow
+
+    def test_reasoning_event_that_is_not_json_teaches_no_template(self) -> None:
+        """The fuzzer's find: an event whose bytes match both the token pattern (``content``)
+        and the reasoning one, but that is no JSON, is no reasoning on the slow path; a
+        template learnt from it must not make the next such event reasoning on the fast
+        path. The observation is the same whole and cut."""
+        broken = (
+            b'data: {"index":0,"content":".","tokens":[1],"stop":false,'
+            b'"id_sl"reasoning_content":"x"d":8}\n\n'
+        )
+        parts = [role(), broken, content("a"), broken, finish("length"), DONE]
+        stream = b"".join(parts)
+
+        def observe(*pieces: bytes) -> Observation:
+            tracker = StreamTracker(T0, sse=True)
+            for piece in pieces:
+                tracker.feed(piece, T0 + 1.0)  # one clock for all: only the cut differs
+            return tracker.finish()
+
+        whole = observe(stream)
+        for cut in range(1, len(stream)):
+            assert observe(stream[:cut], stream[cut:]) == whole, cut
+        assert whole.reasoning_text is None and whole.reasoning_first_s is None
+
     def test_every_dialect_pattern_has_a_decided_fast_path(self) -> None:
         """Chat Completions, completions and Messages get a fast path; the Responses API,
         whose token pattern does not end with the text's first byte, keeps the framer."""
         from proxy.core.dialects import DIALECTS
         from proxy.core.tracker import _fast_spec
 
-        fast = {d.name for d in DIALECTS if _fast_spec(d.token, d.interesting, d.end_data)}
+        fast = {
+            d.name for d in DIALECTS if _fast_spec(d.token, d.interesting, d.end_data, d.reasoning)
+        }
         assert fast == {"chat_completions", "completions", "messages"}
 
 

@@ -158,7 +158,9 @@ class StreamTracker:
         # the fast path: the spec of this dialect (None: none), the template learnt from the
         # last token event read the slow way, and the template in force (None while the
         # framer is inside an event, or nothing was learnt)
-        self._spec = _fast_spec(dialect.token, dialect.interesting, dialect.end_data)
+        self._spec = _fast_spec(
+            dialect.token, dialect.interesting, dialect.end_data, dialect.reasoning
+        )
         self._cap = max_event_bytes
         self._learnt: _Template | None = None
         self._tpl: _Template | None = None
@@ -227,6 +229,7 @@ class StreamTracker:
                     and chunk[s:q] not in tpl.spans
                     and chunk.find(b"\n", s, q) < 0
                     and chunk.find(b"\r", s, q) < 0
+                    and (not tpl.reasoning or _read_as_is(chunk, s, q))
                 ):
                     self._events += 1
                     self._token_events += 1
@@ -308,6 +311,7 @@ class StreamTracker:
                 and chunk[s:q] not in spans
                 and chunk.find(b"\n", s, q) < 0
                 and chunk.find(b"\r", s, q) < 0
+                and (not tpl.reasoning or _read_as_is(chunk, s, q))
             ):
                 break
             count += 1
@@ -369,7 +373,23 @@ class StreamTracker:
         if not spec.safe(before, after):
             return None
         thinks = self._reasoning is not None and self._reasoning(data) is not None
+        if thinks and not self._text_is_reasoning(before, after):
+            return None
         return _Template(prefix + before, after + b"\n\n", spec.spans, reasoning=thinks)
+
+    def _text_is_reasoning(self, before: bytes, after: bytes) -> bool:
+        """The slow path reads the reasoning of an event of this shape as its token text:
+        with a probe for the text, the event parses and the dialect's reader returns the
+        probe. (Else the fast path, which takes the text as the reasoning, would disagree
+        with it, as on an event that is not JSON or has the text under another key.)"""
+        reader = self._dialect.reasoning_text
+        if reader is None:
+            return False
+        try:
+            obj = orjson.loads(before + _PROBE + after)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(obj, dict) and reader(obj) == _PROBE.decode()
 
     def _on_event(self, data: bytes, now: float) -> None:
         self._events += 1
@@ -549,6 +569,29 @@ class StreamTracker:
         return text or None
 
 
+_PROBE = b"timing-proxy probe"
+"""A token text that needs no escape, for :meth:`StreamTracker._text_is_reasoning`."""
+
+_AS_IS = re.compile(rb'(?:[^"\\\x00-\x1f]|\\[\\/bfnrt])*')
+"""A JSON string's content without ``\\u`` escapes: read as it is, it is the text."""
+
+
+def _read_as_is(chunk: bytes, start: int, end: int) -> bool:
+    """``chunk[start:end]`` is text the slow path's JSON parse reads as the fast path does
+    (no ``\\u`` escape, no control byte, valid UTF-8): else that reasoning event goes the
+    slow way."""
+    if _AS_IS.fullmatch(chunk, start, end) is None:
+        return False
+    text = chunk[start:end]
+    if text.isascii():
+        return True
+    try:
+        text.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Template:
     """A token event's bytes without its text: ``head`` (its lines up to the text's first
@@ -593,14 +636,21 @@ class _FastSpec:
 
 @lru_cache(maxsize=32)
 def _fast_spec(
-    token: re.Pattern[bytes], interesting: re.Pattern[bytes], end_data: bytes | None
+    token: re.Pattern[bytes],
+    interesting: re.Pattern[bytes],
+    end_data: bytes | None,
+    reasoning: re.Pattern[bytes] | None = None,
 ) -> _FastSpec | None:
     """The fast path's reading of a dialect's patterns, or None when the argument does not
-    hold for them: ``token`` must end with ``[^"]`` (the text's first byte) and
-    ``interesting`` match a finite set of strings, each holding a quote."""
+    hold for them: ``token`` must end with ``[^"]`` (the text's first byte), and
+    ``interesting`` and ``reasoning`` match a finite set of strings, each holding a quote
+    (a token's text must not complete a reasoning match either)."""
     if not token.pattern.endswith(b'[^"]') or (end_data is not None and b'"' in end_data):
         return None
     matches = _language(interesting.pattern)
+    if matches is not None and reasoning is not None:  # its match must not span a text either
+        more = _language(reasoning.pattern)
+        matches = None if more is None else matches | more
     if matches is None or not matches or any(b'"' not in m for m in matches):
         return None
     spans = frozenset(part for m in matches for part in m.split(b'"')[1:-1])

@@ -348,7 +348,12 @@ class TestSchemaAccounting:
         assert cold["cache_n"] <= _tokens_before(llama_server, body, nonce)
         assert cold["schema_cached"] is False and cold["prompt_n"] > cold["schema_tokens"]
         rate = cold["prefill_ms"] / cold["prompt_n"]
-        assert cold["schema_prefill_ms"] == pytest.approx(cold["schema_tokens"] * rate, rel=0.02)
+        # the schema's tokens past cache_n were paid at this request's rate: all of them,
+        # less those of the tools block's opening a restored prompt may have covered
+        paid_ms, tokens = cold["schema_prefill_ms"], cold["schema_tokens"]
+        assert max(0, tokens - cold["cache_n"]) * rate * 0.98 <= paid_ms <= tokens * rate * 1.02
+        if cold["cache_n"] == 0:
+            assert paid_ms == pytest.approx(tokens * rate, rel=0.02)
         assert warm["cache_n"] > cold["schema_tokens"]
         assert warm["schema_cached"] is True and warm["schema_prefill_ms"] == 0
         assert warm["schema_saved_ms"] is not None and warm["schema_saved_ms"] > 0

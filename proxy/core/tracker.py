@@ -639,7 +639,7 @@ def _fast_spec(
     token: re.Pattern[bytes],
     interesting: re.Pattern[bytes],
     end_data: bytes | None,
-    reasoning: re.Pattern[bytes] | None = None,
+    reasoning: re.Pattern[bytes] | None,
 ) -> _FastSpec | None:
     """The fast path's reading of a dialect's patterns, or None when the argument does not
     hold for them: ``token`` must end with ``[^"]`` (the text's first byte), and

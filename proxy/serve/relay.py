@@ -605,13 +605,13 @@ class Relay:
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._settings.max_body_bytes
         length = request.content_length
-        if length is not None and length > limit:
-            raise _Abort(
-                Outcome.REQUEST_TOO_LARGE,
-                413,
-                f"request body of {length} bytes exceeds the proxy's limit of {limit} bytes",
-            )
-        if length is not None:  # framed by its length: within the limit
+        if length is not None:  # framed by its length
+            if length > limit:
+                raise _Abort(
+                    Outcome.REQUEST_TOO_LARGE,
+                    413,
+                    f"request body of {length} bytes exceeds the proxy's limit of {limit} bytes",
+                )
             content = request.content
             # all of it came with the head (a bodiless request too): taken as it is
             return content.read_nowait() if content.is_eof() else await content.read()

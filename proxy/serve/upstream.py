@@ -57,7 +57,7 @@ class _Connector(aiohttp.TCPConnector):
         self._factory = cast("functools.partial[ResponseHandler]", handler)
 
 
-NO_AUTO_HEADERS = ("User-Agent", "Accept", "Content-Type")
+_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Content-Type")
 """The headers aiohttp's client would add by itself, which the upstream sessions do not."""
 
 
@@ -79,7 +79,7 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
         ),
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=NO_AUTO_HEADERS,
+        skip_auto_headers=_NO_AUTO_HEADERS,
     )
 
 

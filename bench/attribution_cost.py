@@ -16,6 +16,7 @@ the history (medians of 20).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import statistics
@@ -33,7 +34,8 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
 from bench.api_records import _upstream  # noqa: E402
-from proxy.core.prefix import PromptHistory, RenderedPrompt  # noqa: E402
+from proxy.core.lineage import PromptHistory  # noqa: E402
+from proxy.core.prefix import RenderedPrompt  # noqa: E402
 
 
 def _tool(name: str, *params: str) -> dict[str, Any]:
@@ -145,9 +147,9 @@ def measure(base: str, turns: int) -> dict[str, Any]:
         t0 = time.process_time()
         prompt = _build(text, orjson.loads(raw)["tokens"], chat)
         t1 = time.process_time()
-        copy = dataclasses.replace(history, _seen=history._seen.copy())  # the same full history
+        fresh = copy.deepcopy(history)  # the same full history
         t2 = time.process_time()
-        kind = str(copy.attribute(prompt, offset=1, cache_n=0, ms_per_token=1.0).prefix_kind)
+        kind = str(fresh.attribute(prompt, offset=1, cache_n=0, ms_per_token=1.0).prefix_kind)
         t3 = time.process_time()
         builds.append((t1 - t0) * 1000)
         attributions.append((t3 - t2) * 1000)

@@ -76,9 +76,20 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> int:
     return 1 + same
 
 
-def clocked(second: int) -> dict[str, Any]:
-    """A chat request whose system prompt holds a clock."""
-    return body_of([], system=f"{SYSTEM} Time: 12:00:{second:02d}. Be brief.", user="Status?")
+def clocked(second: int, user: str = "Status?") -> dict[str, Any]:
+    """A chat request with tools whose system prompt holds a clock."""
+    clock = f"{SYSTEM} Time: 12:00:{second:02d}. Be brief."
+    return body_of([READ_FILE, WRITE_FILE], system=clock, user=user)
+
+
+def repeated_after(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """The toy tokens of ``a``'s rendering after its first difference from ``b`` up to the
+    end of ``a``'s last message, when ``b`` differs from ``a`` in one token only (a clock)."""
+    text, pieces = render(a), toy_pieces(render(a))
+    end = text.index(a["messages"][-1]["content"]) + len(a["messages"][-1]["content"])
+    changed = first_difference(a, b) - 1  # the piece that differs (no BOS)
+    starts = [sum(map(len, pieces[:i])) for i in range(len(pieces))]
+    return sum(1 for i, at in enumerate(starts) if i > changed and at < end)
 
 
 class TestAttribution:
@@ -86,14 +97,14 @@ class TestAttribution:
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
         """A clock in the system prompt: the second call is a rewrite at messages[0].content,
-        diverging where the renderings' tokens first differ, charged for every token after
-        it (at the request's own rate while no reference rate is known), with the
-        system-prompt cause and its fix in /stats."""
+        diverging where the renderings' tokens first differ, losing what the first prompt
+        had after the clock and the second repeats (at the request's own rate while no
+        reference rate is known), with the system-prompt cause and its fix in /stats."""
         proxy = await start(make_proxy, toy)
         first = await send(proxy, toy, clocked(1), 0, 1)
-        second = await send(proxy, toy, clocked(2), 0, 2)
-        assert first.prefix_kind == "cold" and first.prefill_cause is None
         at = first_difference(clocked(1), clocked(2))
+        second = await send(proxy, toy, clocked(2), at, 2)
+        assert first.prefix_kind == "cold" and first.prefill_cause is None
         total = input_tokens(clocked(2))
         assert (second.prefix_kind, second.diverged_at, second.diverged_section) == (
             "rewrite",
@@ -101,9 +112,13 @@ class TestAttribution:
             "messages[0].content",
         )
         assert second.reusable_tokens == at
-        assert second.cache_lost_tokens == at  # the toy reused nothing
+        assert second.cache_lost_tokens == 0
         assert second.diverged_cost_ms == pytest.approx((total - at) * 2.0)
         assert second.prefill_cause == "system_prompt_changed"
+        lost = repeated_after(clocked(1), clocked(2))
+        assert lost >= 16
+        assert second.prefill_lost_tokens == lost
+        assert second.prefill_lost_ms == pytest.approx(lost * 2.0)
         assert (second.conversation, second.turn) == (first.conversation, 2)
         stats = orjson.loads(await (await proxy.admin.get("/stats")).read())
         top = stats["cache"]["findings"][0]
@@ -112,9 +127,30 @@ class TestAttribution:
             "messages[0].content",
             1,
         )
-        assert top["lost_ms"] == pytest.approx((total - at) * 2.0)
+        assert (top["lost_tokens"], top["lost_ms"]) == (lost, pytest.approx(lost * 2.0))
         assert "system prompt" in top["fix"]
         assert stats["conversations"][first.conversation]["turns"] == 2
+
+    async def test_independent_questions_on_a_shared_prefix_blame_nothing(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """One-shot questions sharing the system prompt and the tools, the server reusing
+        the whole shared prefix: each is a branch of its own conversation, no cause, no
+        loss, and /stats has no finding."""
+        proxy = await start(make_proxy, toy)
+        questions = ["Show me /etc/hosts.", "List the branches.", "What changed today?"]
+        bodies = [body_of([READ_FILE, WRITE_FILE], user=q) for q in questions]
+        records = [await send(proxy, toy, bodies[0], 0, 1)]
+        for i, body in enumerate(bodies[1:], start=2):
+            shared = first_difference(bodies[0], body)
+            records.append(await send(proxy, toy, body, shared, i))
+        assert [r.prefix_kind for r in records] == ["cold", "branch", "branch"]
+        assert [r.prefill_cause for r in records] == [None, None, None]
+        assert [r.prefill_lost_ms for r in records] == [None, None, None]
+        assert len({r.conversation for r in records}) == 3
+        assert all(r.attribution_error is None for r in records)
+        stats = orjson.loads(await (await proxy.admin.get("/stats")).read())
+        assert stats["cache"]["findings"] == []
 
     async def test_reordered_tools_name_the_first_moved_tool(
         self, toy: ToyLlama, make_proxy: ProxyFactory
@@ -199,6 +235,7 @@ class TestAttribution:
         record = await send(shown, toy, clocked(2), 0, 2)
         assert record.diverged_text is not None
         assert record.diverged_text["after"].startswith(" 12:00:02. Be brief.")
+        assert record.prefill_cause == "system_prompt_changed"
         assert record.diverged_text["before"].endswith(f"{SYSTEM} Time:")
 
     async def test_explicit_conversation_id(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:

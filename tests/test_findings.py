@@ -1,16 +1,18 @@
 """Tests for proxy.core.findings: the cause of each request's paid prefill, the tokens it cost,
 and the bounded, ranked findings.
 
-The attributions come from :class:`proxy.core.prefix.PromptHistory` over prompts rendered and
-tokenized as tests/test_prefix.py does (a Qwen3 template, a toy tokenizer), used as
-proxy/serve/attribution.py uses them.
+The attributions come from :class:`proxy.core.lineage.PromptHistory` over prompts rendered
+and tokenized as tests/qwen3_toy.py does (a Qwen3 template, a toy tokenizer), used as
+proxy/serve/attribution.py uses them. ``cache_n`` comes from a simulated one-slot
+llama-server with a full cache (``--swa-full``): it reuses what the prompt shares with the
+last prompt it evaluated, less the last token, unless a test says otherwise.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +25,15 @@ from proxy.core.findings import (
     LOST_MIN_TOKENS,
     Cause,
     Findings,
+    Loss,
     cache_cause_of,
     cause_of,
     dropped_section,
-    lost_tokens,
+    loss_of,
 )
-from proxy.core.prefix import Attribution, PrefixKind, PromptHistory, RenderedPrompt
-from tests.test_prefix import (
+from proxy.core.lineage import Attribution, Changed, PrefixKind, PromptHistory
+from proxy.core.prefix import RenderedPrompt, shared_prefix
+from tests.qwen3_toy import (
     BOS,
     MS_PER_TOKEN,
     TOOLS,
@@ -41,26 +45,25 @@ from tests.test_prefix import (
     rendered,
     system,
     tool_result,
+    toy_pieces,
     turns,
     user,
 )
 
-
-def roles(body: dict[str, Any]) -> Callable[[int], str | None]:
-    """The role of a message of ``body`` by index, as the attributor gives it."""
-    messages = body["messages"]
-
-    def role_of(index: int) -> str | None:
-        return messages[index]["role"] if 0 <= index < len(messages) else None
-
-    return role_of
+SLOT = object()
+"""``cache_n`` as the simulated one-slot server gives it."""
 
 
 @dataclass
 class Sent:
     prompt: RenderedPrompt
     attribution: Attribution
-    cause: Cause | None
+    loss: Loss
+    prompt_n: int
+
+    @property
+    def cause(self) -> Cause | None:
+        return self.loss.cause
 
     @property
     def prompt_tokens(self) -> int:
@@ -69,34 +72,41 @@ class Sent:
 
 @dataclass
 class Agent:
-    """Prompts through one history, each attributed and given its cause as the attributor
-    does; the findings counted with the lost tokens priced at ``MS_PER_TOKEN``."""
+    """Prompts through one history and one simulated slot, each attributed and given its
+    loss as the attributor does; the findings counted at ``MS_PER_TOKEN``."""
 
     history: PromptHistory = field(default_factory=PromptHistory)
     findings: Findings = field(default_factory=Findings)
+    slot: bytes = b""
 
     def send(
         self,
         body: dict[str, Any],
         *,
-        cache_n: int | None = None,
+        cache_n: Any = SLOT,
         cache_prompt: bool = True,
         predicted_n: int | None = None,
+        n_ctx: int | None = None,
     ) -> Sent:
         prompt = rendered(body)
+        total = len(prompt) + BOS
+        if cache_n is SLOT:
+            reused = shared_prefix(prompt.tokens, self.slot) if cache_prompt else 0
+            cache_n = min(reused + BOS, total - 1) if reused else 0
+        self.slot = prompt.tokens
         a = attribute(self.history, prompt, cache_n=cache_n)
-        self.history.answered(self.history.last_seq, predicted_n)
-        cause = cause_of(a, cache_prompt=cache_prompt, role_of=roles(body), missing=prompt.missing)
-        sent = Sent(prompt, a, cause)
-        if cause is not None:
-            tokens = lost_tokens(a, cause, sent.prompt_tokens, self.history.predicted(a.matched))
-            ms = tokens * MS_PER_TOKEN if tokens else None
-            self.findings.add(cause, a.diverged_section, tokens, ms, a.diverged_offset)
-        return sent
+        self.history.answered(self.history.last_seq, predicted_n, total)
+        prompt_n = total - (cache_n or 0)
+        loss = loss_of(
+            a, cache_prompt=cache_prompt, missing=prompt.missing, n_ctx=n_ctx, prompt_n=prompt_n
+        )
+        if loss.cause is not None:
+            ms = loss.tokens * MS_PER_TOKEN if loss.tokens else None
+            self.findings.add(loss.cause, a.diverged_section, loss.tokens, ms, a.diverged_offset)
+        return Sent(prompt, a, loss, prompt_n)
 
-    def full(self, body: dict[str, Any], **kw: Any) -> Sent:
-        """Send ``body`` with the server taking from its cache all the prompt it can."""
-        return self.send(body, cache_n=len(rendered(body)) + BOS - 1, **kw)
+
+COMMANDS = ["Pick up cube 3.", "Wave at the visitor.", "Go to the charger.", "Open the door."]
 
 
 # --- causes ------------------------------------------------------------------------------
@@ -110,20 +120,46 @@ class TestCauseOf:
 
     def test_extends_with_everything_cached_has_no_cause(self) -> None:
         """Turns that extend the previous one with its prefix taken from the cache, and a
-        retry, have no cause."""
+        retry, have no cause and lose nothing."""
         agent = Agent()
         for body in turns(4):
-            assert agent.full(body).cause is None
-        assert agent.full(turns(4)[-1]).cause is None
+            assert agent.send(body).loss == Loss()
+        assert agent.send(turns(4)[-1]).loss == Loss()
+
+    def test_independent_commands_on_a_shared_prefix_lose_nothing(self) -> None:
+        """One-shot commands sharing the system prompt and the tools, the prefix served from
+        the cache each time: no cause, nothing lost, although the questions differ."""
+        agent = Agent()
+        for command in COMMANDS:
+            sent = agent.send(chat(system("You control a robot arm."), user(command), tools=TOOLS))
+            assert sent.loss == Loss()
+            assert sent.attribution.prefix_kind in (PrefixKind.COLD, PrefixKind.BRANCH)
+        assert agent.findings.ranked() == []
+
+    def test_a_shared_prefix_evicted_by_another_agent_is_slot_evicted(self) -> None:
+        """The same commands with another agent's prompt between two of them: the shared
+        prefix was evicted from the slot, and only that prefix is lost."""
+        agent = Agent()
+        first = chat(system("You control a robot arm."), user(COMMANDS[0]), tools=TOOLS)
+        agent.send(first)
+        agent.send(other_agent(0))
+        body = chat(system("You control a robot arm."), user(COMMANDS[1]), tools=TOOLS)
+        sent = agent.send(body, cache_n=3)
+        assert sent.attribution.prefix_kind is PrefixKind.BRANCH
+        assert sent.cause is Cause.SLOT_EVICTED
+        assert sent.attribution.cache_lost_tokens == sent.attribution.reusable_tokens - 3
+        assert sent.loss.tokens == sent.attribution.cache_lost_tokens
 
     @pytest.mark.parametrize("role", ["system", "developer"])
     def test_system_prompt_changed(self, role: str) -> None:
         """A rewrite in a system (or developer) message is system_prompt_changed."""
-        body = chat(system(), user("Pick up cube 3."))
+        body = chat(
+            system(), user("Pick up cube 3 and put it on the shelf by the door."), tools=TOOLS
+        )
         body["messages"][0]["role"] = role
         agent = Agent()
         agent.send(body)
-        sent = agent.full(clock_changed(body))
+        sent = agent.send(clock_changed(body))
         assert sent.attribution.diverged_section == "messages[0].content"
         assert sent.cause is Cause.SYSTEM_PROMPT_CHANGED
 
@@ -137,7 +173,7 @@ class TestCauseOf:
         for changed in (reordered, redescribed):
             agent = Agent()
             agent.send(first)
-            assert agent.full(changed).cause is Cause.TOOLS_CHANGED
+            assert agent.send(changed).cause is Cause.TOOLS_CHANGED
 
     def test_history_rewritten(self) -> None:
         """A rewrite in an earlier user message is history_rewritten."""
@@ -146,19 +182,26 @@ class TestCauseOf:
         edited["messages"][1]["content"] = "Pick up cube 4, please, carefully."
         agent = Agent()
         agent.send(body)
-        sent = agent.full(edited)
+        sent = agent.send(edited)
         assert sent.attribution.diverged_section == "messages[1].content"
         assert sent.cause is Cause.HISTORY_REWRITTEN
 
     def test_compaction(self) -> None:
-        """History replaced by a shorter summary after the system prompt is compaction."""
+        """Earlier steps trimmed, the recent ones kept: compaction, costing the kept steps;
+        a summary that keeps nothing of the earlier prompt costs nothing and names none."""
         long = turns(5)[-1]
-        compacted = chat(
-            system(), user("Summary: cube 3 moved."), long["messages"][-1], tools=TOOLS
-        )
+        trimmed = chat(*long["messages"][:2], *long["messages"][6:], tools=TOOLS)
         agent = Agent()
         agent.send(long)
-        assert agent.full(compacted).cause is Cause.COMPACTION
+        sent = agent.send(trimmed)
+        assert sent.cause is Cause.COMPACTION
+        assert sent.loss.tokens == sent.attribution.repeated_tokens > 0
+        summary = chat(system(), user("Summary: cube 3 moved."), long["messages"][-1], tools=TOOLS)
+        agent = Agent()
+        agent.send(long)
+        sent = agent.send(summary)
+        assert sent.attribution.prefix_kind is PrefixKind.COMPACTION
+        assert sent.loss == Loss()
 
     def test_cache_prompt_off_comes_first(self) -> None:
         """``cache_prompt: false`` with anything reusable is cache_prompt_off, before any
@@ -166,7 +209,7 @@ class TestCauseOf:
         one, two = turns(2)
         agent = Agent()
         agent.send(one)
-        assert agent.send(two, cache_n=0, cache_prompt=False).cause is Cause.CACHE_PROMPT_OFF
+        assert agent.send(two, cache_prompt=False).cause is Cause.CACHE_PROMPT_OFF
         rewrite = agent.send(clock_changed(two), cache_prompt=False)
         assert rewrite.attribution.prefix_kind is PrefixKind.REWRITE
         assert rewrite.cause is Cause.CACHE_PROMPT_OFF
@@ -183,13 +226,12 @@ class TestCauseOf:
         )
         agent = Agent()
         agent.send(first, predicted_n=23)
-        sent = agent.full(second)
+        sent = agent.send(second)
         assert sent.prompt.missing == ("messages[2].reasoning_content",)
         assert sent.attribution.prefix_kind is PrefixKind.EXTENDS
         assert sent.cause is Cause.TEMPLATE_DROPS_HISTORY
-        previous = agent.history.predicted(sent.attribution.matched)
-        assert previous == 23
-        assert lost_tokens(sent.attribution, sent.cause, sent.prompt_tokens, previous) == 23
+        assert sent.attribution.previous_answer == 23
+        assert sent.loss.tokens == 23
 
     def test_reasoning_kept_in_a_tool_loop_has_no_cause(self) -> None:
         """In a tool loop the template keeps the answer's reasoning: nothing is missing and
@@ -203,7 +245,7 @@ class TestCauseOf:
         )
         agent = Agent()
         agent.send(first)
-        assert agent.full(second).cause is None
+        assert agent.send(second).cause is None
 
     def test_cache_lost_after_other_prompts_is_slot_evicted(self) -> None:
         """The shared prefix not reused after other agents' prompts ran is slot_evicted."""
@@ -236,20 +278,63 @@ class TestCauseOf:
         agent.send(one)
         assert agent.send(two, cache_n=None).cause is None
 
+    def test_a_predecessor_never_seen_names_no_cause(self) -> None:
+        """A conversation whose earlier turns the proxy did not see, matched to another
+        task's prompt, names no cause; nor does a changed prompt after which the server
+        reused more than the match allows."""
+        agent = Agent()
+        agent.send(chat(system("You control a robot arm."), user(COMMANDS[1]), tools=TOOLS))
+        unseen = chat(
+            system("You control a robot arm."),
+            user(COMMANDS[0]),
+            assistant(call=("move", '{"distance": 2}')),
+            tool_result("moved 2 m"),
+            tools=TOOLS,
+        )
+        sent = agent.send(unseen)
+        assert sent.attribution.predecessor_unknown
+        assert sent.loss == Loss()
+        first = turns(1)[0]
+        changed = copy.deepcopy(first)
+        changed["tools"][0]["function"]["description"] += " Slowly."
+        agent = Agent()
+        agent.send(first)
+        closer = agent.send(changed, cache_n=len(rendered(changed)) + BOS - 5)
+        assert closer.attribution.predecessor_unknown
+        assert closer.loss == Loss()
+
 
 class TestLostTokens:
-    def test_a_changed_prompt_costs_what_follows_the_divergence(self) -> None:
-        """For a rewrite or compaction the lost tokens are the prompt's after the divergence;
-        unknown without the prompt's size."""
+    def test_a_changed_prompt_costs_what_it_repeats_of_the_earlier_one(self) -> None:
+        """For a rewrite the lost tokens are the earlier prompt's after the change that the
+        new one repeats, not the new prompt's after the divergence."""
         agent = Agent()
         agent.send(turns(1)[0])
-        sent = agent.full(clock_changed(turns(1)[0]))
+        sent = agent.send(clock_changed(turns(2)[1]))
         assert sent.cause is Cause.SYSTEM_PROMPT_CHANGED
         diverged = sent.attribution.diverged_at
         assert diverged is not None
-        got = lost_tokens(sent.attribution, sent.cause, sent.prompt_tokens, None)
-        assert got == sent.prompt_tokens - diverged
-        assert lost_tokens(sent.attribution, sent.cause, None, None) is None
+        assert sent.loss.tokens == sent.attribution.repeated_tokens
+        earlier = len(rendered(turns(1)[0])) + BOS
+        assert 0 < sent.loss.tokens <= earlier - diverged < sent.prompt_tokens - diverged
+
+    def test_a_new_question_after_a_clock_costs_only_the_prefix_after_the_clock(self) -> None:
+        """Independent commands with a clock in the system prompt: each loses what followed
+        the clock (the rest of the system prompt and the tools), never its own question."""
+        agent = Agent()
+        bodies = [
+            clock_changed(chat(system(), user(c), tools=TOOLS), 10 + i)
+            for i, c in enumerate(COMMANDS)
+        ]
+        agent.send(bodies[0])
+        tools = sum(len(toy_pieces(json.dumps(t))) for t in TOOLS)
+        for body in bodies[1:]:
+            sent = agent.send(body)
+            assert sent.cause is Cause.SYSTEM_PROMPT_CHANGED
+            question = len(toy_pieces(body["messages"][1]["content"]))
+            assert sent.loss.tokens is not None
+            assert tools <= sent.loss.tokens <= sent.prompt_n - question
+            assert sent.attribution.conversation != "c1"
 
     def test_a_cache_shortfall_costs_the_lost_tokens(self) -> None:
         """For an eviction the lost tokens are the cache's shortfall."""
@@ -259,8 +344,19 @@ class TestLostTokens:
         agent.send(other_agent(0))
         sent = agent.send(two, cache_n=7)
         assert sent.cause is Cause.SLOT_EVICTED
-        got = lost_tokens(sent.attribution, sent.cause, sent.prompt_tokens, None)
-        assert got == sent.attribution.reusable_tokens - 7
+        assert sent.loss.tokens == sent.attribution.reusable_tokens - 7
+
+    @given(st.integers(0, 400))
+    def test_never_more_than_was_evaluated(self, prompt_n: int) -> None:
+        """All the causes of a request together never lose more than llama-server evaluated."""
+        a = dataclasses.replace(
+            _lost(LOST_MIN_TOKENS + 30), changed=Changed.SYSTEM, repeated_tokens=350
+        )
+        loss = loss_of(a, cache_prompt=True, prompt_n=prompt_n)
+        assert loss.cause is Cause.SYSTEM_PROMPT_CHANGED
+        assert loss.cache_cause is Cause.SLIDING_WINDOW
+        assert loss.total <= prompt_n
+        assert loss.total == min(prompt_n, 350 + LOST_MIN_TOKENS + 30)
 
 
 # --- findings ----------------------------------------------------------------------------
@@ -394,10 +490,10 @@ class TestFindings:
         agent = Agent()
         agent.send(first)
         for tick in range(1, resends + 1):
-            agent.full(clock_changed(first, 5 + tick))
+            agent.send(clock_changed(first, 5 + tick))
         changed = clock_changed(first, 5 + resends)
         changed["tools"][0]["function"]["description"] += " Slowly."
-        agent.full(changed)
+        agent.send(changed)
         ranked = agent.findings.ranked()
         assert [(f.cause, f.section, f.requests) for f in ranked] == [
             (Cause.SYSTEM_PROMPT_CHANGED, "messages[0].content", resends),
@@ -454,27 +550,28 @@ def test_dropped_section_names_the_reasoning_left_out() -> None:
 
 class TestContextShift:
     def test_a_filled_context_names_the_shift(self) -> None:
-        """Reusable tokens lost after the previous turn filled the context are a context
-        shift, before an eviction or a sliding window."""
+        """Reusable tokens lost after the previous turn and its answer filled the context are
+        a context shift, before an eviction or a sliding window; a context not filled, or
+        of unknown size, is not."""
         for between in (0, 3):
-            a = dataclasses.replace(_lost(LOST_MIN_TOKENS, between), prefix_kind=PrefixKind.EXTENDS)
-            assert (
-                cause_of(a, cache_prompt=True, role_of=lambda i: None, context_filled=True)
-                is Cause.CONTEXT_SHIFT
+            a = dataclasses.replace(
+                _lost(LOST_MIN_TOKENS, between), prefix_kind=PrefixKind.EXTENDS, previous_extent=64
             )
-            assert cause_of(a, cache_prompt=True, role_of=lambda i: None) in (
-                Cause.SLIDING_WINDOW,
-                Cause.SLOT_EVICTED,
-            )
+            assert cause_of(a, cache_prompt=True, n_ctx=64) is Cause.CONTEXT_SHIFT
+            assert cause_of(a, cache_prompt=True, n_ctx=65) is Cause.CONTEXT_SHIFT
+            for n_ctx in (128, None):
+                assert cause_of(a, cache_prompt=True, n_ctx=n_ctx) in (
+                    Cause.SLIDING_WINDOW,
+                    Cause.SLOT_EVICTED,
+                )
 
-    def test_filled_reads_the_matched_prompt_and_its_answer(self) -> None:
-        """A prompt whose tokens and answer reach the context size filled it; one that did
-        not, or an unknown size, did not."""
+    def test_the_previous_extent_is_the_matched_prompt_and_its_answer(self) -> None:
+        """The attribution carries the matched prompt's tokens plus its answer's, once
+        noted; unknown before."""
         history = PromptHistory(size=4)
-        prompt = RenderedPrompt.build([1, 2, 3], [b"a", b"b", b"c"], "abc", {"messages": []})
-        history.attribute(prompt, offset=1, cache_n=0, ms_per_token=None)
-        history.answered(history.last_seq, predicted_n=60, prompt_tokens=4)
-        assert history.filled(history.last_seq, 64)
-        assert not history.filled(history.last_seq, 128)
-        assert not history.filled(history.last_seq, None)
-        assert not history.filled(None, 64)
+        prompt = RenderedPrompt.build([1, 2, 3] * 4, [b"a", b"b", b"c"] * 4, "abc" * 4, {})
+        first = history.attribute(prompt, offset=1, cache_n=0, ms_per_token=None)
+        assert first.previous_extent is None
+        history.answered(history.last_seq, predicted_n=60, prompt_tokens=13)
+        again = history.attribute(prompt, offset=1, cache_n=0, ms_per_token=None)
+        assert (again.previous_extent, again.previous_answer) == (73, 60)

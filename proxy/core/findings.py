@@ -1,35 +1,36 @@
-"""Why prefill was paid: one cause per request from its prefix attribution, and the ranked
-findings with their fixes. Pure.
+"""Why prefill was paid: one cause per request from its prefix attribution, what it cost,
+and the ranked findings with their fixes. Pure.
 
 The causes form a closed set (a label of ``/metrics``). A request gets at most one, the first
 that applies in this order: the request turned the cache off; its prompt changed before the
-end of the earlier one (in a system message, in the tools, in the history, or by compaction);
-the template left out part of the history (earlier reasoning), so the previous answer's tokens
-cannot be reused; the server had the shared prefix and reused less of it, after the previous
-turn filled the context (a context shift), after other prompts ran (evicted, or another
-slot), or with nothing between (a sliding-window model without ``--swa-full``, whose cache
-resumes only from checkpoints).
+last turn of the earlier one (in a system message, in the tools, in the history, or by
+compaction) and repeats what the earlier one had after the change; the template left out part
+of the history (earlier reasoning), so the previous answer's tokens cannot be reused; the
+server had the shared prefix and reused less of it, after the previous turn filled the context
+(a context shift), after other prompts ran (evicted, or another slot), or with nothing between
+(a sliding-window model without ``--swa-full``, whose cache resumes only from checkpoints).
+A new question on a shared prefix, or a prompt whose predecessor the proxy did not see, has no
+cause of its own.
 """
 
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.prefix import Attribution, PrefixKind
+from proxy.core.lineage import Attribution, Changed, PrefixKind
 
 __all__ = [
     "FIXES",
     "Cause",
     "Finding",
     "Findings",
+    "Loss",
     "cache_cause_of",
     "cause_of",
     "dropped_section",
-    "lost_tokens",
+    "loss_of",
 ]
 
 LOST_MIN_TOKENS = 16
@@ -78,37 +79,52 @@ FIXES: dict[Cause, str] = {
     "memory), or keep every change after the last user message",
 }
 
-_MESSAGE = re.compile(r"messages\[(\d+)\]")
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """What one request's prefill lost, by cause: the first cause and its tokens, and the
+    reusable prefix the server did not reuse when another cause explains the rest."""
+
+    cause: Cause | None = None
+    tokens: int | None = None
+    cache_cause: Cause | None = None
+    cache_tokens: int | None = None
+
+    @property
+    def total(self) -> int:
+        """All the tokens lost."""
+        return (self.tokens or 0) + (self.cache_tokens or 0)
+
+
+_CHANGED = {
+    Changed.SYSTEM: Cause.SYSTEM_PROMPT_CHANGED,
+    Changed.TOOLS: Cause.TOOLS_CHANGED,
+    Changed.HISTORY: Cause.HISTORY_REWRITTEN,
+}
 
 
 def cause_of(
     attribution: Attribution,
     *,
     cache_prompt: bool,
-    role_of: Callable[[int], str | None],
     missing: tuple[str, ...] = (),
-    context_filled: bool = False,
+    n_ctx: int | None = None,
 ) -> Cause | None:
-    """The cause of one request's paid prefill, or None (cold, or nothing lost)."""
+    """The cause of one request's paid prefill, or None (nothing the cache held was lost,
+    or nothing to blame: a new question, a predecessor the proxy did not see)."""
     a = attribution
     if not cache_prompt and a.reusable_tokens > 0:
         return Cause.CACHE_PROMPT_OFF
-    if a.prefix_kind is PrefixKind.COMPACTION:
-        return Cause.COMPACTION
-    if a.prefix_kind is PrefixKind.REWRITE and a.diverged_section is not None:
-        section = a.diverged_section
-        if section.startswith("tools["):
-            return Cause.TOOLS_CHANGED
-        match = _MESSAGE.match(section)
-        if match and role_of(int(match.group(1))) in ("system", "developer"):
-            return Cause.SYSTEM_PROMPT_CHANGED
-        return Cause.HISTORY_REWRITTEN
-    if a.prefix_kind is PrefixKind.EXTENDS and any(
-        m.endswith(".reasoning_content") for m in missing
-    ):
+    changed = a.prefix_kind in (PrefixKind.REWRITE, PrefixKind.COMPACTION)
+    if changed and not a.predecessor_unknown and a.repeated_tokens > 0 and a.changed:
+        if a.prefix_kind is PrefixKind.COMPACTION:
+            return Cause.COMPACTION
+        return _CHANGED[a.changed]
+    if a.prefix_kind is PrefixKind.EXTENDS and dropped_section(missing) is not None:
         return Cause.TEMPLATE_DROPS_HISTORY
     if a.cache_lost_tokens is not None and a.cache_lost_tokens >= LOST_MIN_TOKENS:
-        if context_filled:
+        if n_ctx is not None and (a.previous_extent or 0) >= n_ctx - 1:
+            # the previous turn and its answer filled the slot: llama-server shifted it
             return Cause.CONTEXT_SHIFT
         return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
     return None
@@ -138,23 +154,41 @@ def dropped_section(missing: tuple[str, ...]) -> str | None:
     return next((m for m in missing if m.endswith(".reasoning_content")), None)
 
 
-def lost_tokens(
-    attribution: Attribution, cause: Cause, prompt_tokens: int | None, previous_answer: int | None
-) -> int | None:
-    """The tokens this cause cost: after the divergence for a changed prompt, the previous
-    answer for a template that drops it, the cache's shortfall otherwise."""
+def loss_of(
+    attribution: Attribution,
+    *,
+    cache_prompt: bool,
+    missing: tuple[str, ...] = (),
+    n_ctx: int | None = None,
+    prompt_n: int | None = None,
+) -> Loss:
+    """The causes of one request's paid prefill and the tokens each cost: for a changed
+    prompt, what the earlier one had after the change that this one repeats; for a template
+    that drops history, the previous answer; otherwise the reusable prefix not reused. All
+    together never more than llama-server evaluated (``prompt_n``)."""
     a = attribution
+    cause = cause_of(a, cache_prompt=cache_prompt, missing=missing, n_ctx=n_ctx)
+    if cause is None:
+        return Loss()
+    cache_cause = cache_cause_of(a, cause)
+    budget = prompt_n if prompt_n is not None else 1 << 62
+    cache_tokens = min(a.cache_lost_tokens or 0, budget) if cache_cause is not None else None
+    tokens = _tokens_of(a, cause)
+    if tokens is not None:
+        tokens = min(tokens, budget - (cache_tokens or 0))
+    return Loss(cause, tokens, cache_cause, cache_tokens)
+
+
+def _tokens_of(a: Attribution, cause: Cause) -> int | None:
     if cause in (
         Cause.SYSTEM_PROMPT_CHANGED,
         Cause.TOOLS_CHANGED,
         Cause.HISTORY_REWRITTEN,
         Cause.COMPACTION,
     ):
-        if a.diverged_at is None or prompt_tokens is None:
-            return None
-        return max(0, prompt_tokens - a.diverged_at)
+        return a.repeated_tokens
     if cause is Cause.TEMPLATE_DROPS_HISTORY:
-        return previous_answer
+        return a.previous_answer
     return a.cache_lost_tokens
 
 

@@ -1,38 +1,38 @@
-"""Prefix attribution: where a prompt stops matching the prompts before it, in which section,
-and why its prefill was paid. Pure: the renderings come from :mod:`proxy.serve.accounting`.
+"""A prompt as the served llama-server renders and tokenizes it, and the parts of the request
+it holds. Pure: the renderings come from :mod:`proxy.serve.attribution`.
 
-A prompt is known as llama-server renders and tokenizes it (``/apply-template``, then
-``/tokenize`` with pieces): its token ids and, for each token, where its text starts. The
-request body names the *sections* (each message's content, reasoning and tool calls, each
-tool); each is found in the rendered text in order, and a section ends where its own text
-ends, so the template's markup before a message belongs to that message. What follows the
-last section is the generation prompt.
+A prompt is known by ``/apply-template``, then ``/tokenize`` with pieces: its token ids and,
+for each token, where its text starts. The request body names the *sections* (each message's
+content, reasoning and tool calls, each tool); each is found in the rendered text in order,
+and a section ends where its own text ends, so the template's markup before a message belongs
+to that message. What follows the last section is the generation prompt.
 
-Each new prompt is compared with a bounded set of recent ones: the best match is one it
-extends (the earlier prompt is a prefix of it up to that prompt's generation prompt, which the
-next turn renders otherwise), else the one sharing the longest token prefix, the most recent
-first. The comparison is of token ids held as bytes, so the shared prefix is found by C-level
-slice comparisons in a binary search, not a Python loop over tokens.
+The *last turn* is what the agent adds to ask its next question: the messages after the last
+assistant or tool message (with none, the messages after the system ones), and the generation
+prompt. A change there is a new question, not a change of the history; the system messages and
+the tools are never part of it. How prompts relate to each other is
+:mod:`proxy.core.lineage`.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
 import hashlib
+import re
 from array import array
-from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 __all__ = [
-    "Attribution",
-    "PrefixKind",
-    "PromptHistory",
+    "GENERATION",
+    "SYSTEM_ROLES",
     "RenderedPrompt",
     "Section",
     "locate_sections",
+    "message_index",
     "shared_prefix",
     "shared_suffix",
 ]
@@ -40,31 +40,19 @@ __all__ = [
 GENERATION = "generation_prompt"
 """The section after the last one the body names: the template's assistant header."""
 
-MIN_SHARED = 8
-"""A best match sharing fewer tokens than this (a template header) makes a prompt cold."""
+SYSTEM_ROLES = frozenset({"system", "developer"})
+"""Roles of the instructions before the conversation."""
 
-EXPLICIT_IDS = 1024
-"""Conversation ids sent by agents that are remembered (the least recent is forgotten)."""
+_ANSWER_ROLES = frozenset({"assistant", "tool", "function"})
+"""Roles after which the agent's next question starts."""
 
-PROBE = 16
-"""Tokens of the earlier prompt, just after a divergence, looked for in the new prompt: found,
-the earlier prompt resumes there, and the new one is a change of it (a clock, a reordered
-tool), even on a later turn that also grew."""
-
-RELATED = 0.5
-"""A prompt that neither extends nor repeats its best match is a change of that prompt only
-when the two share at least this fraction of the new prompt at their two ends (prefix plus
-suffix: a clock in the system prompt leaves both); otherwise it is another agent's, cold."""
+_MESSAGE = re.compile(r"messages\[(\d+)\]")
 
 
-class PrefixKind(enum.StrEnum):
-    """How a prompt relates to the best-matching earlier one."""
-
-    COLD = "cold"
-    RETRY = "retry"
-    EXTENDS = "extends"
-    REWRITE = "rewrite"
-    COMPACTION = "compaction"
+def message_index(section: str) -> int | None:
+    """The message a section name belongs to (``messages[3].content`` is 3), else None."""
+    match = _MESSAGE.match(section)
+    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +172,12 @@ def shared_suffix(a: bytes, b: bytes, width: int = 4) -> int:
 
 
 def shared_prefix(a: bytes, b: bytes, width: int = 4) -> int:
-    """How many leading items of width ``width`` bytes ``a`` and ``b`` share."""
-    lo, hi = 0, min(len(a), len(b)) // width
+    """How many leading items of width ``width`` bytes ``a`` and ``b`` share. The bound
+    grows from a few items first, so an unrelated pair costs a few short comparisons."""
+    lo, most = 0, min(len(a), len(b)) // width
+    hi = min(8, most)
+    while hi < most and a[: hi * width] == b[: hi * width]:
+        lo, hi = hi, min(hi * 8, most)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[: mid * width] == b[: mid * width]:
@@ -201,12 +193,19 @@ class RenderedPrompt:
 
     tokens: bytes
     """Token ids as unsigned 32-bit items (``array('I')``): compared by slices."""
-    starts: tuple[int, ...]
-    """The character where each token's text starts."""
+    starts: array[int]
+    """The character where each token's text starts (``array('I')``: 4 bytes a token)."""
     sections: tuple[Section, ...]
     missing: tuple[str, ...] = ()
     text: str | None = None
     """The rendered text, kept only when diffs may be shown (``[privacy] show_diff_text``)."""
+    roles: tuple[str, ...] = ()
+    """Each message's role, in the body's order."""
+    messages: tuple[str, ...] = ()
+    """A digest of each message (role, content, reasoning, calls): which ones two prompts
+    share, wherever they sit."""
+    last_turn: int = 0
+    """The first message of the last turn (``len(roles)`` when it holds none)."""
 
     @staticmethod
     def build(
@@ -217,29 +216,40 @@ class RenderedPrompt:
         keep_text: bool = False,
     ) -> RenderedPrompt:
         """From ``/tokenize``'s ids and byte pieces of ``text``."""
-        starts: list[int] = []
+        starts = array("I")
         at = 0
-        data = text.encode()
-        char_of = _char_offsets(data)
+        char_of = _char_offsets(text.encode())
         for piece in pieces:
             starts.append(char_of(at))
             at += len(piece)
         sections, missing = locate_sections(text, chat_body)
+        raw = chat_body.get("messages")
+        messages = [m if isinstance(m, dict) else {} for m in raw] if isinstance(raw, list) else []
+        roles = tuple(str(m.get("role", "")) for m in messages)
         return RenderedPrompt(
             tokens=array("I", ids).tobytes(),
-            starts=tuple(starts),
+            starts=starts,
             sections=tuple(sections),
             missing=tuple(missing),
             text=text if keep_text else None,
+            roles=roles,
+            messages=tuple(_message_digest(m) for m in messages),
+            last_turn=_last_turn(roles),
         )
 
     def __len__(self) -> int:
         return len(self.tokens) // 4
 
+    @property
+    def nbytes(self) -> int:
+        """About what this prompt holds in memory."""
+        text = len(self.text) if self.text is not None else 0
+        return len(self.tokens) + 4 * len(self.starts) + text + 64 * len(self.sections) + 256
+
     def section_at(self, token: int) -> tuple[str, int]:
         """The section holding token ``token`` (no BOS counted), and the character offset of
         that token in the section's own text (0 when it is in the markup before it)."""
-        char = self.starts[token] if token < len(self.starts) else self._length()
+        char = self._char(token)
         ends = [s.end for s in self.sections]
         i = bisect.bisect_right(ends, char)
         if i >= len(self.sections):
@@ -253,12 +263,47 @@ class RenderedPrompt:
             return 0
         return bisect.bisect_left(self.starts, self.sections[-1].end)
 
+    def in_last_turn(self, section: str) -> bool:
+        """Whether ``section`` is part of the last turn (the generation prompt is)."""
+        if section == GENERATION:
+            return True
+        index = message_index(section)
+        return index is not None and index >= self.last_turn
+
+    def role_of(self, section: str) -> str | None:
+        """The role of the message ``section`` belongs to (None: a tool, the generation)."""
+        index = message_index(section)
+        return self.roles[index] if index is not None and index < len(self.roles) else None
+
+    def completes_a_section(self, token: int) -> bool:
+        """Whether some section's text ends before token ``token``: a prefix up to there
+        holds more than the template's markup and the start of a first message."""
+        return bool(self.sections) and self.sections[0].end <= self._char(token)
+
+    def _char(self, token: int) -> int:
+        return self.starts[token] if token < len(self.starts) else self._length()
+
     def _length(self) -> int:
         return self.starts[-1] + 1 if self.starts else 0
 
     def digest(self) -> str:
         """A short name of the token sequence."""
         return hashlib.sha256(self.tokens).hexdigest()[:12]
+
+
+def _message_digest(message: dict[str, Any]) -> str:
+    kept = {k: message.get(k) for k in ("role", "content", "reasoning_content", "tool_calls")}
+    data = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def _last_turn(roles: Sequence[str]) -> int:
+    """The first message of the last turn: after the last answer, else after the system
+    messages (``len(roles)`` when the prompt ends with an answer)."""
+    answered = [i for i, role in enumerate(roles) if role in _ANSWER_ROLES]
+    if answered:
+        return answered[-1] + 1
+    return next((i for i, role in enumerate(roles) if role not in SYSTEM_ROLES), len(roles))
 
 
 def _char_offsets(data: bytes) -> Any:
@@ -268,198 +313,3 @@ def _char_offsets(data: bytes) -> Any:
     boundaries = [i for i, b in enumerate(data) if b & 0xC0 != 0x80]
     # a byte inside a character (a piece that splits it) belongs to that character
     return lambda at: bisect.bisect_right(boundaries, at) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    """What one prompt shares with the prompts before it, and where it diverged."""
-
-    prefix_kind: PrefixKind
-    reusable_tokens: int
-    cache_lost_tokens: int | None
-    diverged_at: int | None
-    diverged_section: str | None
-    diverged_offset: int | None
-    diverged_cost_ms: float | None
-    conversation: str
-    turn: int
-    matched: int | None = None
-    """The sequence number of the earlier prompt matched (for causes that need it)."""
-    between: int = 0
-    """Prompts seen after the match and before this one (another agent's, say)."""
-
-
-@dataclass(slots=True)
-class _Seen:
-    prompt: RenderedPrompt
-    seq: int
-    conversation: str
-    turn: int
-    predicted_n: int | None = None
-    prompt_tokens: int | None = None
-
-
-@dataclass(slots=True)
-class PromptHistory:
-    """The last ``size`` prompts, for matching; conversation numbering."""
-
-    size: int = 64
-    _seen: deque[_Seen] = field(default_factory=deque)
-    _seq: int = 0
-    _conversations: int = 0
-    _explicit: dict[str, int] = field(default_factory=dict)
-
-    def attribute(
-        self,
-        prompt: RenderedPrompt,
-        *,
-        offset: int,
-        cache_n: int | None,
-        ms_per_token: float | None,
-        conversation_id: str | None = None,
-    ) -> Attribution:
-        """Match ``prompt`` against the history, then remember it. ``offset`` counts the
-        tokens the tokenizer adds before the text (BOS): positions in the record count
-        them, as ``cache_n`` does."""
-        self._seq += 1
-        best, shared, extends = self._best(prompt)
-        kind = _kind(prompt, best, shared, extends)
-        total = len(prompt) + offset
-        # the last prompt token is always evaluated again: it yields the first token's logits
-        reusable = min(shared + offset, total - 1) if kind is not PrefixKind.COLD else 0
-        lost = max(0, reusable - cache_n) if cache_n is not None else None
-        diverged_at = section = char = cost = None
-        if kind in (PrefixKind.REWRITE, PrefixKind.COMPACTION):
-            diverged_at = shared + offset
-            section, char = prompt.section_at(shared)
-            if ms_per_token is not None:
-                cost = round((total - diverged_at) * ms_per_token, 3)
-        conversation, turn = self._conversation(best, kind, conversation_id)
-        between = self._seq - 1 - best.seq if best is not None else 0
-        self._seen.append(_Seen(prompt, self._seq, conversation, turn))
-        while len(self._seen) > self.size:
-            self._seen.popleft()
-        return Attribution(
-            prefix_kind=kind,
-            reusable_tokens=reusable,
-            cache_lost_tokens=lost,
-            diverged_at=diverged_at,
-            diverged_section=section,
-            diverged_offset=char,
-            diverged_cost_ms=cost,
-            conversation=conversation,
-            turn=turn,
-            matched=best.seq if best is not None else None,
-            between=between,
-        )
-
-    def answered(self, seq: int, predicted_n: int | None, prompt_tokens: int | None = None) -> None:
-        """Note how many tokens the answer to prompt ``seq`` generated, after how many."""
-        seen = self._seen_at(seq)
-        if seen is not None:
-            seen.predicted_n = predicted_n
-            seen.prompt_tokens = prompt_tokens
-
-    def filled(self, seq: int | None, n_ctx: int | None) -> bool:
-        """Whether prompt ``seq`` and its answer reached the context size ``n_ctx``: then
-        llama-server shifted the context (or cut the answer), and its cache no longer holds
-        that prompt as sent."""
-        seen = self._seen_at(seq)
-        if n_ctx is None or seen is None or seen.prompt_tokens is None:
-            return False
-        return seen.prompt_tokens + (seen.predicted_n or 0) >= n_ctx - 1
-
-    def predicted(self, seq: int | None) -> int | None:
-        """The generated tokens of prompt ``seq``'s answer, when noted."""
-        seen = self._seen_at(seq)
-        return seen.predicted_n if seen is not None else None
-
-    def _seen_at(self, seq: int | None) -> _Seen | None:
-        """The remembered prompt numbered ``seq`` (None once it left the history)."""
-        for seen in reversed(self._seen):
-            if seen.seq == seq:
-                return seen
-        return None
-
-    @property
-    def last_seq(self) -> int:
-        """The sequence number of the prompt attributed last."""
-        return self._seq
-
-    def _best(self, prompt: RenderedPrompt) -> tuple[_Seen | None, int, bool]:
-        best: _Seen | None = None
-        best_key = (-1, -1, -1)
-        best_shared = 0
-        for seen in reversed(self._seen):
-            shared = shared_prefix(prompt.tokens, seen.prompt.tokens)
-            if prompt.tokens == seen.prompt.tokens:
-                rank = 2  # a repeat: its own prompt, before any it extends
-            elif shared >= seen.prompt.generation_start() and len(prompt) > shared:
-                rank = 1
-            else:
-                rank = 0
-            key = (rank, shared, seen.seq)
-            if key > best_key:
-                best, best_key, best_shared = seen, key, shared
-        return best, best_shared, best_key[0] == 1
-
-    def _conversation(
-        self, best: _Seen | None, kind: PrefixKind, explicit: str | None
-    ) -> tuple[str, int]:
-        if explicit is not None:
-            turn = self._explicit.pop(explicit, 0) + (0 if kind is PrefixKind.RETRY else 1)
-            self._explicit[explicit] = max(turn, 1)
-            while len(self._explicit) > EXPLICIT_IDS:
-                del self._explicit[next(iter(self._explicit))]
-            return explicit, max(turn, 1)
-        if best is None or kind is PrefixKind.COLD:
-            self._conversations += 1
-            return f"c{self._conversations}", 1
-        if kind is PrefixKind.RETRY:
-            return best.conversation, best.turn
-        return best.conversation, best.turn + 1
-
-
-def _kind(prompt: RenderedPrompt, best: _Seen | None, shared: int, extends: bool) -> PrefixKind:
-    if best is None or shared < MIN_SHARED:
-        return PrefixKind.COLD
-    if prompt.tokens == best.prompt.tokens:
-        return PrefixKind.RETRY
-    if extends:
-        return PrefixKind.EXTENDS
-    rest = prompt.tokens[shared * 4 :], best.prompt.tokens[shared * 4 :]
-    related = shared + shared_suffix(*rest) >= RELATED * len(prompt)
-    if not (related or _resumes(prompt.tokens, best.prompt, shared)):
-        return PrefixKind.COLD
-    name, _ = prompt.section_at(shared)
-    if len(prompt) < len(best.prompt) and name.startswith("messages[") and shared > 0:
-        first_user = _first_section_end(best.prompt)
-        if shared >= first_user:
-            return PrefixKind.COMPACTION
-    return PrefixKind.REWRITE
-
-
-def _resumes(tokens: bytes, earlier: RenderedPrompt, shared: int) -> bool:
-    """Whether ``earlier`` continues in ``tokens`` after their divergence at ``shared``: some
-    :data:`PROBE` tokens of it that start within :data:`PROBE` tokens of the divergence and
-    end before its generation prompt occur, aligned, in ``tokens`` after ``shared``."""
-    stop = earlier.generation_start()
-    width = 4
-    for skip in range(1, PROBE + 1):
-        begin = shared + skip
-        if begin + PROBE > stop:
-            return False
-        needle = earlier.tokens[begin * width : (begin + PROBE) * width]
-        at = tokens.find(needle, shared * width)
-        while at >= 0 and at % width:
-            at = tokens.find(needle, at + 1)
-        if at >= 0:
-            return True
-    return False
-
-
-def _first_section_end(prompt: RenderedPrompt) -> int:
-    """The token where the prompt's first section ends."""
-    if not prompt.sections:
-        return 0
-    return bisect.bisect_left(prompt.starts, prompt.sections[0].end)

@@ -188,6 +188,7 @@ class Record:
     diverged_cost_ms: float | None = None
     prefill_cause: str | None = None
     prefill_lost_ms: float | None = None
+    prefill_lost_tokens: int | None = None
     cache_lost_cause: str | None = None
     cache_lost_ms: float | None = None
     conversation: str | None = None

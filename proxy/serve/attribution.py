@@ -18,15 +18,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.core.dialects import CHAT_COMPLETIONS
-from proxy.core.findings import (
-    Cause,
-    Findings,
-    cache_cause_of,
-    cause_of,
-    dropped_section,
-    lost_tokens,
-)
-from proxy.core.prefix import PromptHistory, RenderedPrompt
+from proxy.core.findings import Cause, Findings, Loss, dropped_section, loss_of
+from proxy.core.lineage import Attribution, PromptHistory
+from proxy.core.prefix import RenderedPrompt
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
 from proxy.core.schema import digest, for_counting
@@ -64,6 +58,16 @@ def conversation_id_of(body: dict[str, Any] | None) -> str | None:
     return user_id if isinstance(user_id, str) and user_id else None
 
 
+def _around(prompt: RenderedPrompt, token: int) -> dict[str, str]:
+    """Up to :data:`DIFF_CONTEXT` characters of the rendered text on each side of ``token``."""
+    text = prompt.text or ""
+    at = prompt.starts[token] if token < len(prompt.starts) else len(text)
+    return {
+        "before": text[max(0, at - DIFF_CONTEXT) : at],
+        "after": text[at : at + DIFF_CONTEXT],
+    }
+
+
 def _priced(tokens: int | None, ms_per_token: float | None) -> float | None:
     """``tokens`` at ``ms_per_token`` (None when either is unknown or nothing was lost)."""
     return round(tokens * ms_per_token, 3) if tokens and ms_per_token else None
@@ -96,6 +100,7 @@ class Attributor:
         keep_text: bool = False,
         on_event: Callable[..., None] | None = None,
         context_size: Callable[[], int | None] = lambda: None,
+        routed: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._post = post
@@ -113,6 +118,12 @@ class Attributor:
         self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._on_event = on_event or (lambda *a, **k: None)
         self._context_size = context_size
+        self._routed = routed
+
+    def _model_key(self, facts: RequestFacts) -> str:
+        """Whose cache a prompt goes to: the request's model when the upstream routes by it
+        (llama-server's router mode), else the one model a single server has."""
+        return (facts.model or "") if self._routed() else ""
 
     def close(self) -> None:
         """Cancel renderings in flight."""
@@ -185,8 +196,7 @@ class Attributor:
         ``conversation`` is the id the agent sent in a header, if any (before the body's)."""
         offset = self._offset or 0
         if ms_per_token is None and record.prefill_ms is not None and record.prompt_n:
-            # no reference rate yet: this request's own, which prefilled at least the
-            # tokens after any divergence
+            # no reference rate yet: this request's own
             ms_per_token = record.prefill_ms / record.prompt_n
         if record.prompt_tokens is not None and len(prompt) + offset != record.prompt_tokens:
             # the rendering is not the prompt llama-server evaluated (another API's form
@@ -198,25 +208,15 @@ class Attributor:
             cache_n=record.cache_n,
             ms_per_token=ms_per_token,
             conversation_id=conversation or conversation_id_of(facts.body),
+            model=self._model_key(facts),
         )
         self.history.answered(self.history.last_seq, record.predicted_n, record.prompt_tokens)
-        chat = chat_body_of(facts) or {}
-        messages = chat.get("messages")
-
-        def role_of(index: int) -> str | None:
-            if isinstance(messages, list) and 0 <= index < len(messages):
-                m = messages[index]
-                role = m.get("role") if isinstance(m, dict) else None
-                return role if isinstance(role, str) else None
-            return None
-
-        body = facts.body or {}
-        cause = cause_of(
+        loss = loss_of(
             a,
-            cache_prompt=body.get("cache_prompt") is not False,
-            role_of=role_of,
+            cache_prompt=(facts.body or {}).get("cache_prompt") is not False,
             missing=prompt.missing,
-            context_filled=self.history.filled(a.matched, self._context_size()),
+            n_ctx=self._context_size(),
+            prompt_n=record.prompt_n,
         )
         fields: dict[str, Any] = {
             "prefix_kind": str(a.prefix_kind),
@@ -226,40 +226,45 @@ class Attributor:
             "diverged_section": a.diverged_section,
             "diverged_offset": a.diverged_offset,
             "diverged_cost_ms": a.diverged_cost_ms,
-            "prefill_cause": str(cause) if cause is not None else None,
+            "prefill_cause": str(loss.cause) if loss.cause is not None else None,
             "conversation": a.conversation,
             "turn": a.turn,
         }
+        if a.predecessor_unknown:
+            fields["attribution_error"] = "predecessor_unknown"
         if self._keep_text and prompt.text is not None and a.diverged_at is not None:
-            at = (
-                prompt.starts[a.diverged_at - offset]
-                if a.diverged_at - offset < len(prompt.starts)
-                else len(prompt.text)
-            )
-            fields["diverged_text"] = {
-                "before": prompt.text[max(0, at - DIFF_CONTEXT) : at],
-                "after": prompt.text[at : at + DIFF_CONTEXT],
-            }
-        lost_ms = None
-        if cause is not None:
-            section = a.diverged_section
-            if cause is Cause.TEMPLATE_DROPS_HISTORY:
-                section = fields["diverged_section"] = dropped_section(prompt.missing)
-            tokens = lost_tokens(a, cause, record.prompt_tokens, self.history.predicted(a.matched))
-            lost_ms = _priced(tokens, ms_per_token)
-            self.findings.add(cause, section, tokens, lost_ms, a.diverged_offset)
-            fields["prefill_lost_ms"] = lost_ms
-            self._on_event(
-                "prefill_cause", id=record.id, cause=str(cause), section=section, lost_ms=lost_ms
-            )
-        cache_cause = cache_cause_of(a, cause)
-        if cache_cause is not None:
-            cache_ms = _priced(a.cache_lost_tokens, ms_per_token)
-            self.findings.add(cache_cause, None, a.cache_lost_tokens, cache_ms)
-            fields.update(cache_lost_cause=str(cache_cause), cache_lost_ms=cache_ms)
-            lost_ms = (lost_ms or 0.0) + (cache_ms or 0.0)
+            fields["diverged_text"] = _around(prompt, a.diverged_at - offset)
+        lost_ms = self._count_loss(record, a, loss, prompt, fields, ms_per_token)
         self._count_conversation(a.conversation, a.turn, record, lost_ms)
         return fields
+
+    def _count_loss(
+        self,
+        record: Record,
+        a: Attribution,
+        loss: Loss,
+        prompt: RenderedPrompt,
+        fields: dict[str, Any],
+        ms_per_token: float | None,
+    ) -> float | None:
+        """Put the loss's fields in ``fields`` and count its findings; the ms lost in all."""
+        if loss.cause is None:
+            return None
+        section = a.diverged_section
+        if loss.cause is Cause.TEMPLATE_DROPS_HISTORY:
+            section = fields["diverged_section"] = dropped_section(prompt.missing)
+        lost_ms = _priced(loss.tokens, ms_per_token)
+        self.findings.add(loss.cause, section, loss.tokens, lost_ms, a.diverged_offset)
+        fields.update(prefill_lost_ms=lost_ms, prefill_lost_tokens=loss.tokens)
+        self._on_event(
+            "prefill_cause", id=record.id, cause=str(loss.cause), section=section, lost_ms=lost_ms
+        )
+        if loss.cache_cause is None:
+            return lost_ms
+        cache_ms = _priced(loss.cache_tokens, ms_per_token)
+        self.findings.add(loss.cache_cause, None, loss.cache_tokens, cache_ms)
+        fields.update(cache_lost_cause=str(loss.cache_cause), cache_lost_ms=cache_ms)
+        return (lost_ms or 0.0) + (cache_ms or 0.0)
 
     def _count_conversation(
         self, name: str, turn: int, record: Record, lost_ms: float | None

@@ -32,8 +32,7 @@ from typing import Any
 
 from proxy.commands.report.errors import ReportError
 from proxy.commands.report.load import RECORD_FIELDS, Run
-from proxy.core.findings import Cause, Findings, lost_tokens
-from proxy.core.prefix import Attribution, PrefixKind
+from proxy.core.findings import Cause, Findings
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.roofline import Board, Medians, ModelMeta, roofline_lines, roofline_summary
 from proxy.core.setup import SetupFindings
@@ -273,23 +272,6 @@ def _named_cause(name: str | None) -> Cause | None:
         return None
 
 
-def _as_attribution(record: Record) -> Attribution:
-    """What :func:`proxy.core.findings.lost_tokens` reads of an attribution, from a record."""
-    return Attribution(
-        prefix_kind=PrefixKind(record.prefix_kind)
-        if record.prefix_kind in set(PrefixKind)
-        else PrefixKind.COLD,
-        reusable_tokens=record.reusable_tokens or 0,
-        cache_lost_tokens=record.cache_lost_tokens,
-        diverged_at=record.diverged_at,
-        diverged_section=record.diverged_section,
-        diverged_offset=record.diverged_offset,
-        diverged_cost_ms=record.diverged_cost_ms,
-        conversation=record.conversation or "",
-        turn=record.turn or 0,
-    )
-
-
 def setup_findings(runs: Sequence[Run], kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
     """The setup findings of the records (``/stats``'s ``findings`` of category ``setup``,
     over every record of the files). A log whose lines lack ``max_tokens`` (another
@@ -317,22 +299,20 @@ def _in_order(runs: Sequence[Run]) -> list[tuple[str, Record]]:
 
 def findings(runs: Sequence[Run], kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
     """Why prefill was paid: the records' causes by (cause, section), ranked by the
-    milliseconds lost, in ``/stats``'s ``cache.findings`` shape (each with its fix). The
-    tokens are :func:`proxy.core.findings.lost_tokens` of the record; for a template that
-    drops the history, the previous answer is the one of the conversation's record before."""
+    milliseconds lost, in ``/stats``'s ``cache.findings`` shape (each with its fix), from the
+    records' own lost tokens and milliseconds, as ``/stats`` counts them."""
     found = Findings()
-    answers: dict[str, int | None] = {}
-    for name, r in _in_order(runs):
-        cause = _cause(r)
-        if cause is not None and r.kind in kinds:
-            previous = answers.get(name) if r.conversation is not None else None
-            tokens = lost_tokens(_as_attribution(r), cause, r.prompt_tokens, previous)
-            found.add(cause, r.diverged_section, tokens, r.prefill_lost_ms, r.diverged_offset)
-        cache_cause = _named_cause(r.cache_lost_cause)
-        if cache_cause is not None and r.kind in kinds:
-            found.add(cache_cause, None, r.cache_lost_tokens, r.cache_lost_ms)
-        if r.conversation is not None:
-            answers[name] = r.predicted_n
+    for run in runs:
+        for r in run.records:
+            if r.kind not in kinds:
+                continue
+            cause = _cause(r)
+            if cause is not None:
+                tokens, ms = r.prefill_lost_tokens, r.prefill_lost_ms
+                found.add(cause, r.diverged_section, tokens, ms, r.diverged_offset)
+            cache_cause = _named_cause(r.cache_lost_cause)
+            if cache_cause is not None:
+                found.add(cache_cause, None, r.cache_lost_tokens, r.cache_lost_ms)
     return [f.to_dict() for f in found.ranked()]
 
 

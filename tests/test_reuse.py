@@ -1,0 +1,77 @@
+"""Tests for proxy.core.reuse: the earlier prompt's tokens after a change that the new prompt
+repeats, against a naive count over token lists."""
+
+from __future__ import annotations
+
+from array import array
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.core.reuse import RUN, repeated_tokens
+
+
+def as_bytes(ids: list[int]) -> bytes:
+    return array("I", ids).tobytes()
+
+
+def naive(earlier: list[int], new: list[int], start: int, stop: int) -> int:
+    """Mark each earlier token in ``[start, stop)`` that lies in some window of ``RUN``
+    tokens inside ``[start, stop)`` found anywhere in ``new[start:]``; count the marks."""
+    tail = new[start:]
+    marked: set[int] = set()
+    for i in range(start, stop - RUN + 1):
+        window = earlier[i : i + RUN]
+        if any(tail[j : j + RUN] == window for j in range(len(tail) - RUN + 1)):
+            marked.update(range(i, i + RUN))
+    return len(marked)
+
+
+@st.composite
+def edited(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
+    """An earlier prompt, a new one made of its blocks moved, dropped, changed or kept, and
+    the first token where they may differ."""
+    earlier = draw(st.lists(st.integers(0, 40), min_size=0, max_size=120))
+    blocks = []
+    at = 0
+    while at < len(earlier):
+        size = draw(st.integers(1, 40))
+        blocks.append(earlier[at : at + size])
+        at += size
+    new: list[int] = []
+    for block in draw(st.permutations(blocks)):
+        action = draw(st.sampled_from(["keep", "keep", "drop", "change"]))
+        if action == "keep":
+            new += block
+        elif action == "change":
+            new += draw(st.lists(st.integers(0, 40), max_size=30))
+    start = draw(st.integers(0, min(len(earlier), len(new))))
+    return earlier, new, start
+
+
+@given(edited())
+def test_equals_the_naive_count(case: tuple[list[int], list[int], int]) -> None:
+    """Whatever was moved, dropped or changed, the count equals marking every earlier token
+    inside a repeated run of ``RUN`` tokens."""
+    earlier, new, start = case
+    got = repeated_tokens(as_bytes(earlier), as_bytes(new), start, len(earlier))
+    assert got == naive(earlier, new, start, len(earlier))
+
+
+def test_a_moved_block_is_repeated() -> None:
+    """Two blocks swapped after the change point are both repeated."""
+    a, b = list(range(100, 130)), list(range(200, 230))
+    head = [1] * 5
+    got = repeated_tokens(as_bytes([*head, 7, *a, *b]), as_bytes([*head, 8, *b, *a]), 5, 66)
+    assert got == 60
+
+
+def test_new_content_and_short_runs_are_not_repeated() -> None:
+    """Content only the new prompt has, and runs shorter than ``RUN``, count nothing; the
+    stop bound excludes what the earlier prompt had after it."""
+    earlier = list(range(1000, 1040))
+    assert repeated_tokens(as_bytes(earlier), as_bytes(list(range(1, 60))), 0, 40) == 0
+    short = earlier[:10] + [5] * 30
+    assert repeated_tokens(as_bytes(earlier), as_bytes(short), 0, 40) == 0
+    assert repeated_tokens(as_bytes(earlier), as_bytes(earlier), 0, RUN - 1) == 0
+    assert repeated_tokens(as_bytes(earlier), as_bytes(earlier), 0, 40) == 40

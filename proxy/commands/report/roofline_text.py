@@ -197,12 +197,7 @@ def _verdict(k: Mapping[str, Any]) -> list[str]:
         if top == FP16_TENSOR
         else f"it does not reach the {top} peak"
     )
-    return [
-        _label(
-            "",
-            f"about the {reached} peak, {_pct(shares[top])} of the {top} one: {why} (est.)",
-        )
-    ]
+    return [_label("", f"about the {reached} peak: {why} (est.)")]
 
 
 def _achieved_lines(kind: str, k: Mapping[str, Any], n_params: int) -> list[str]:
@@ -219,11 +214,15 @@ def _achieved_lines(kind: str, k: Mapping[str, Any], n_params: int) -> list[str]
         )
     ]
     shares = ", ".join(f"{_pct(s)} of {_peak_name(p)}" for p, s in k["prefill_shares"].items())
-    per_token = (
-        f"{figure(k['prefill_ms'])} / {figure(k['prompt_n'])} ="
-        f" {figure(k['prefill_ms_per_token'])} ms per prompt token (measured)"
+    if shares:
+        lines.append(_label("", f"= {shares} (measured / spec)"))
+    lines.append(
+        _label(
+            "",
+            f"{figure(k['prefill_ms'])} / {figure(k['prompt_n'])} ="
+            f" {figure(k['prefill_ms_per_token'])} ms per prompt token (measured)",
+        )
     )
-    lines.append(_label("", f"{shares}; {per_token}" if shares else per_token))
     return [*lines, *_verdict(k)]
 
 
@@ -257,7 +256,8 @@ def _intensity_lines(roof: Mapping[str, Any]) -> list[str]:
                 f"{figure(prompt)} tok x 2 FLOP / {model['bytes_per_weight']:.2f} B per weight"
                 f" = {figure(ai)} FLOP per byte (est.)",
             ),
-            _label("", f"{_sides(ai, ridges)} {where}" if ridges else where),
+            *([_label("", _sides(ai, ridges))] if ridges else []),
+            _label("", where),
         ]
         if prompt > UBATCH_DEFAULT:
             capped = prefill_intensity(model["n_params"], UBATCH_DEFAULT, model["size_bytes"])

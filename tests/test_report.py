@@ -18,6 +18,7 @@ from proxy.commands.report import (
     Run,
     build_report,
     load_runs,
+    median_call,
     median_record,
     render_text,
     run_report,
@@ -206,11 +207,16 @@ class TestPartialLog:
         assert run.skipped == {"no_kind_or_timing": 1}
 
     def test_missing_fields_counted(self, harness_log: str) -> None:
-        """Each record field a kept line lacks is counted by name; present ones are not."""
+        """Each record field a kept line lacks is counted by name; present ones are not, nor
+        are those derived (the call without prefill and decode gets them from its TTFT and
+        end-to-end time, and the derivation is counted)."""
         (run,) = load_runs([harness_log])
         assert run.missing["ts"] == run.missing["outcome"] == 4
-        assert run.missing["kind"] == run.missing["prefill_ms"] == 1
+        assert run.missing["kind"] == 1
         assert "ttft_ms" not in run.missing and "e2e_ms" not in run.missing
+        assert "prefill_ms" not in run.missing and "decode_ms" not in run.missing
+        assert run.derived == {"prefill_ms": 1, "decode_ms": 1}
+        assert run.records[3].prefill_ms == 150.0 and run.records[3].decode_ms == 750.0
 
     def test_summarised_as_completed(self, harness_log: str) -> None:
         """The tool calls without an outcome count as completed: their median is 2,061 ms."""
@@ -226,11 +232,12 @@ class TestPartialLog:
         }
 
     def test_document_lists_missing_fields(self, harness_log: str) -> None:
-        """The document has the missing fields, most often missing first, also per run."""
+        """The document has the missing fields, those the summary needs first (kind,
+        predicted_n), then the most often missing, also per run."""
         report = build_report(load_runs([harness_log]))
         missing = report["missing_fields"]
         assert missing["outcome"] == 4 and missing["kind"] == 1
-        assert list(missing)[:4] == ["id", "ts", "method", "path"]
+        assert list(missing)[:6] == ["kind", "predicted_n", "id", "ts", "method", "path"]
         assert report["runs"][0]["missing_fields"] == missing
 
     def test_text_says_what_was_missing(self, harness_log: str) -> None:
@@ -238,7 +245,7 @@ class TestPartialLog:
         text = render_text(build_report(load_runs([harness_log])))
         assert "1 run, 3 requests" in text
         assert "1 line skipped (1 no kind or timing)" in text
-        assert "fields missing (read as unknown): id 4, ts 4, method 4, path 4," in text
+        assert "fields missing (read as unknown): kind 1, predicted_n 4, id 4, ts 4," in text
         assert "outcome 4" in text and "(all in --json)" in text
         assert "4 records with no outcome: counted as completed" in text
         assert "1 record with no kind: in neither the chat nor the tool summary" in text
@@ -263,6 +270,373 @@ class TestPartialLog:
         """run_report prints the table for a harness's log instead of 0 requests."""
         out = run_report([harness_log], json_out=False, kind=None, plot=None, board=None, meta=None)
         assert "3 requests" in out and "2,061" in out
+
+
+HARNESS_SUMMARY: dict[str, list[dict[str, Any]]] = {
+    "chat": [
+        {"ttft_ms": 150.0, "tokens": 33, "total_ms": 3226.9},
+        {"ttft_ms": 158.0, "tokens": 40, "total_ms": 3703.5},
+        {"ttft_ms": 162.0, "tokens": 29, "total_ms": 2778.8},
+        {"ttft_ms": 171.0, "tokens": 36, "total_ms": 3382.0},
+        {"ttft_ms": 185.0, "tokens": 25, "total_ms": 2470.7},
+    ],
+    "tool": [
+        {"ttft_ms": 820.0, "tokens": 10, "total_ms": 3172.0},
+        {"ttft_ms": 850.0, "tokens": 10, "total_ms": 1813.0},
+        {"ttft_ms": 796.0, "tokens": 10, "total_ms": 2061.0},
+        {"ttft_ms": 432.0, "tokens": 7, "total_ms": 1432.0},
+        {"ttft_ms": 900.0, "tokens": 10, "total_ms": 4071.0},
+    ],
+}
+"""The Jetson measurement's harness summary, in its own shape (one JSON document, calls per
+kind, each ``{ttft_ms, tokens, total_ms}``). From the measurement: the five tool totals
+3,172 / 1,813 / 2,061 / 1,432 / 4,071 ms (median 2,061), tool TTFT median 820 ms, chat TTFT
+median 162 ms, tool-call tokens 10, tool decode 6.0 tok/s as the median of the calls' rates,
+chat decode 10.7 tok/s, and the median call's split 796 ms + 1,265 ms (its own rate
+9 / 1.265 s = 7.1 tok/s). The log is not published: the per-call chat TTFTs, token counts and
+totals and the other tool calls' TTFTs and tokens are chosen here to be consistent with those
+medians (decode rate = (tokens - 1) / (total - TTFT))."""
+
+
+def write_summary(path: Path, indent: bool = True) -> str:
+    """Write the harness summary as one JSON document (indented, or on one line)."""
+    path.write_text(json.dumps(HARNESS_SUMMARY, indent=2 if indent else None))
+    return str(path)
+
+
+def flattened(path: Path) -> str:
+    """Write the harness summary as JSON lines, one call a line, with the harness's names
+    and the call's kind."""
+    lines = [
+        json.dumps({"kind": kind, **call})
+        for kind, calls in HARNESS_SUMMARY.items()
+        for call in calls
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+SUMMARY_MAPPED = (
+    "names mapped: total_ms -> e2e_ms, tokens -> predicted_n,"
+    " tokens -> tool_call_tokens for tool calls"
+)
+
+
+class TestHarnessSummary:
+    """The measurement's harness summary, read as it was written."""
+
+    @pytest.mark.parametrize("indent", [True, False])
+    def test_document_read_as_calls_per_kind(self, tmp_path: Path, indent: bool) -> None:
+        """The JSON document (indented or on one line) is read whole: five calls of each
+        kind, the harness's names mapped, nothing skipped."""
+        (run,) = load_runs([write_summary(tmp_path / "s.json", indent)])
+        assert [str(r.kind) for r in run.records] == ["chat"] * 5 + ["tool"] * 5
+        assert run.skipped == {}
+        assert run.read_as == "a JSON document: calls per kind (chat 5, tool 5)"
+        assert sorted(r.e2e_ms or 0 for r in run.records if r.kind is Kind.TOOL) == sorted(
+            SEED_TOOL_TOTALS
+        )
+        assert [r.tool_call_tokens for r in run.records if r.kind is Kind.TOOL] == [
+            10,
+            10,
+            10,
+            7,
+            10,
+        ]
+        assert {r.tool_call_tokens for r in run.records if r.kind is Kind.CHAT} == {None}
+
+    def test_reproduces_the_measurement(self, tmp_path: Path) -> None:
+        """The table has the measurement's figures: tool TTFT p50 820, chat 162, tool total
+        p50 2,061, tool-call tokens 10, tool decode 6.0 tok/s (median of the calls' rates)
+        beside the median call's own 7.1, chat decode 10.7."""
+        report = build_report(load_runs([write_summary(tmp_path / "s.json")]))
+        tool, chat = report["kinds"]["tool"], report["kinds"]["chat"]
+        assert (tool["ttft_ms"]["p50"], chat["ttft_ms"]["p50"]) == (820.0, 162.0)
+        assert tool["e2e_ms"]["p50"] == 2061.0
+        assert tool["tool_call_tokens"]["p50"] == 10
+        assert round(tool["decode_tok_s"]["p50"], 1) == 6.0
+        assert round(chat["decode_tok_s"]["p50"], 1) == 10.7
+        call = tool["median_call"]
+        assert (call["prefill_ms"], call["decode_ms"]) == (796.0, 1265.0)
+        text = render_text(report)
+        assert "its own rate 7.1 tok/s; the p50 above, 6.0, is the calls' median" in text
+
+    def test_cross_check_line(self, tmp_path: Path) -> None:
+        """The text has the measurement's cross-check, tool TTFT - chat TTFT = 658 ms; with
+        the model and the board, the tokens it stands for at each peak's compute time."""
+        path = write_summary(tmp_path / "s.json")
+        plain = render_text(build_report(load_runs([path])))
+        assert "tool TTFT - chat TTFT = 658 ms of prefill per call for the tools" in plain
+        assert "820 - 162 ms, 4.1x the chat TTFT" in plain
+        assert "tokens at" not in plain
+        report = build_report(load_runs([path]), meta=SEED_META, board=ORIN)
+        text = render_text(report)
+        assert "= about 105 tokens at 6.25 ms per token" in text
+        assert "= about 842 tokens at 0.78 ms per token" in text
+        tokens = {t["basis"]: round(t["tokens"]) for t in report["tools_prefill"]["tokens"]}
+        assert tokens == {"FP16 tensor": 842, "FP32 CUDA cores": 105}
+
+    def test_says_what_was_mapped_and_derived(self, tmp_path: Path) -> None:
+        """One line names the mapping used; the derived fields are named with their formula,
+        and the caveat that prefill = TTFT is an upper bound; the document has both."""
+        report = build_report(load_runs([write_summary(tmp_path / "s.json")]))
+        lines = render_text(report).splitlines()
+        assert SUMMARY_MAPPED in lines
+        assert "read s.json as a JSON document: calls per kind (chat 5, tool 5)" in lines
+        derived = next(line for line in lines if line.startswith("derived:"))
+        assert "prefill_ms = ttft_ms" in derived and "decode_ms = e2e_ms - ttft_ms" in derived
+        assert "an upper bound" in render_text(report)
+        assert report["mapped"] == {
+            "total_ms -> e2e_ms": 10,
+            "tokens -> predicted_n": 10,
+            "tokens -> tool_call_tokens for tool calls": 5,
+        }
+        assert set(report["derived"]) == {
+            "prefill_ms = ttft_ms",
+            "decode_ms = e2e_ms - ttft_ms",
+            "decode_tok_s = (predicted_n - 1) / decode_ms x 1000",
+        }
+
+    def test_flattened_lines_keep_total_and_tokens(self, tmp_path: Path) -> None:
+        """Flattened to one call a line with the harness's names, total_ms and tokens are
+        read (not dropped), and the fields the summary needs are not missing."""
+        report = build_report(load_runs([flattened(tmp_path / "f.jsonl")]))
+        assert report["kinds"]["tool"]["e2e_ms"]["p50"] == 2061.0
+        assert report["kinds"]["tool"]["tool_call_tokens"]["p50"] == 10
+        for name in ("e2e_ms", "prefill_ms", "decode_ms", "predicted_n"):
+            assert name not in report["missing_fields"]
+        lines = render_text(report).splitlines()
+        assert SUMMARY_MAPPED in lines
+        assert not any(line.startswith("read ") for line in lines)  # JSON lines: no shape line
+
+    def test_roofline_on_the_summary(self, tmp_path: Path) -> None:
+        """With the model and the preset, the roofline names each peak's precision and gives
+        a ridge for each (151 and 18.8), and says the prefill compute is unknown without the
+        prompt tokens."""
+        runs = load_runs([write_summary(tmp_path / "s.json")])
+        text = render_text(build_report(runs, meta=SEED_META, board=ORIN))
+        assert "10.2 TFLOP/s FP16 tensor, 1.28 TFLOP/s FP32 CUDA cores (spec)" in text
+        assert "FP16 tensor: 10.2 TFLOP/s / 68 GB/s = 151 FLOP per byte (spec)" in text
+        assert "FP32 CUDA cores: 1.28 TFLOP/s / 68 GB/s = 18.8 FLOP per byte (spec)" in text
+        assert "1 / 6.0 tok/s = 167 ms per token (measured: the median of the calls' rates)" in text
+        assert "compute achieved: unknown" in text
+
+    @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
+    def test_plot(self, tmp_path: Path) -> None:
+        """--plot draws the summary's median calls."""
+        png = tmp_path / "clock.png"
+        out = run_report(
+            [write_summary(tmp_path / "s.json")],
+            json_out=False,
+            kind=None,
+            plot=str(png),
+            board=None,
+            meta=None,
+        )
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(png) in out
+
+
+class TestShapes:
+    """What report reads besides the proxy's JSON lines, and what it says when it reads
+    nothing."""
+
+    def test_a_list_of_calls(self, tmp_path: Path) -> None:
+        """A JSON list of calls is read as calls, each with its own kind."""
+        path = tmp_path / "l.json"
+        path.write_text(
+            json.dumps([{"kind": "tool", "e2e_ms": 5.0}, {"kind": "chat", "e2e_ms": 3.0}])
+        )
+        (run,) = load_runs([str(path)])
+        assert [(str(r.kind), r.e2e_ms) for r in run.records] == [("tool", 5.0), ("chat", 3.0)]
+        assert run.read_as == "a JSON document: a list of 2 calls"
+
+    def test_other_keys_named(self, tmp_path: Path) -> None:
+        """A per-kind summary's keys that are not kinds are ignored, and named."""
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps({"model": "qwen3-4b", "tool": [{"total_ms": 2061}]}, indent=1))
+        (run,) = load_runs([str(path)])
+        assert [r.e2e_ms for r in run.records] == [2061.0]
+        assert run.read_as == "a JSON document: calls per kind (tool 1); keys ignored: model"
+
+    def test_seconds_scaled(self, tmp_path: Path) -> None:
+        """ttft and ttft_s are seconds, latency_s too: scaled to ms, and the line says (s)."""
+        path = tmp_path / "s.jsonl"
+        path.write_text('{"kind": "chat", "ttft": 0.162, "latency_s": 2.5, "tokens": 25}\n')
+        report = build_report(load_runs([str(path)]))
+        (record,) = load_runs([str(path)])[0].records
+        assert record.ttft_ms == pytest.approx(162.0) and record.e2e_ms == 2500.0
+        assert report["mapped"] == {
+            "latency_s (s) -> e2e_ms": 1,
+            "ttft (s) -> ttft_ms": 1,
+            "tokens -> predicted_n": 1,
+        }
+
+    def test_record_names_win(self, tmp_path: Path) -> None:
+        """A line that has the record's own field keeps it: the harness's name is not used."""
+        path = tmp_path / "s.jsonl"
+        path.write_text('{"kind": "tool", "e2e_ms": 100.0, "total_ms": 999.0}\n')
+        (run,) = load_runs([str(path)])
+        assert run.records[0].e2e_ms == 100.0 and run.mapped == {}
+
+    def test_proxy_log_is_silent(self, tmp_path: Path) -> None:
+        """A normal JSON-lines proxy log gives no mapping, no derivation, no shape line and
+        no error: every field is the proxy's own."""
+        path = seed_run(tmp_path, "a.jsonl", 2061.0)
+        report = build_report(load_runs([path]))
+        assert (report["mapped"], report["derived"]) == ({}, {})
+        assert report["runs"][0]["read_as"] is None
+        text = run_report([path], json_out=False, kind=None, plot=None, board=None, meta=None)
+        for absent in ("names mapped", "derived:", "read a.jsonl"):
+            assert absent not in text
+        assert "prefill and decode are llama-server's clock" in text
+
+    def test_proxy_line_with_nulls_not_derived(self, tmp_path: Path) -> None:
+        """A proxy line whose prefill is null (a request without timings) stays unknown: the
+        derivations are for another harness's calls, not the proxy's records."""
+        record = tool_call(0, 2061.0, prefill_ms=None, decode_ms=None, decode_tok_s=None)
+        (run,) = load_runs([write_log(tmp_path / "a.jsonl", [record])])
+        assert run.records[0].prefill_ms is None and run.derived == {}
+
+    def test_nothing_read_is_an_error(self, tmp_path: Path) -> None:
+        """When no file yields a call, report fails naming each file's skipped entries and
+        the shapes it reads."""
+        junk = tmp_path / "junk.txt"
+        junk.write_text('{"note": 1}\nnot json\n')
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text("")
+        with pytest.raises(ReportError) as info:
+            run_report(
+                [str(junk), str(empty)], json_out=False, kind=None, plot=None, board=None, meta=None
+            )
+        message = str(info.value)
+        assert "no call could be read" in message
+        assert (
+            "junk.txt: 1 no kind or timing, 1 not json" in message
+            and "empty.jsonl: empty" in message
+        )
+        assert '{"chat": [...], "tool": [...]}' in message and "JSON lines" in message
+
+    def test_nothing_read_exits_non_zero(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The command prints the error in one line and exits 2."""
+        from proxy.commands.cli import main
+
+        junk = tmp_path / "junk.txt"
+        junk.write_text("not json\n")
+        assert main(["report", str(junk)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("timing-proxy: error: no call could be read") and err.count("\n") == 1
+
+    def test_needed_fields_named_first(self, tmp_path: Path) -> None:
+        """A log lacking the times the summary needs names them first among the missing."""
+        path = tmp_path / "a.jsonl"
+        path.write_text('{"kind": "tool", "ttft_ms": 800.0}\n')
+        text = render_text(build_report(load_runs([str(path)])))
+        assert (
+            "fields missing (read as unknown): e2e_ms 1, decode_ms 1, predicted_n 1, id 1," in text
+        )
+
+    @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed (the plot extra)")
+    def test_plot_names_what_it_lacks(self, tmp_path: Path) -> None:
+        """--plot without an end-to-end time names e2e_ms and the harness names read as it;
+        without a completed chat or tool call it says that."""
+        from proxy.commands.plot import plot_clock
+
+        no_end = [rec(0, Kind.TOOL, ttft_ms=800.0)]
+        with pytest.raises(ReportError, match=r"none of the 1 completed .*\(e2e_ms; .*total_ms"):
+            plot_clock(no_end, str(tmp_path / "x.png"))
+        other = [rec(0, Kind.OTHER, e2e_ms=5.0)]
+        with pytest.raises(ReportError, match="no completed chat or tool call"):
+            plot_clock(other, str(tmp_path / "x.png"))
+
+    def test_plot_title_names_both_rates(self) -> None:
+        """The plot's title gives the median call's own decode rate and, named as such, the
+        median of the calls' rates."""
+        from proxy.commands.plot import clock_title
+
+        call = median_call(median_record([tool_call(0, 2061.0, decode_tok_s=7.1)]))
+        assert call is not None
+        title = clock_title("tool", 5, call, 6.0)
+        assert "decode 7.1 tok/s: this call's own rate" in title
+        assert "the median of the 5 calls' rates is 6.0" in title
+
+
+class TestPrefillComputeInTheReport:
+    """The roofline's achieved prefill compute on a proxy log with prompt tokens."""
+
+    @staticmethod
+    def report(tmp_path: Path, kind: str | None = None) -> dict[str, Any]:
+        """The measurement's tool calls (prefill 796 ms for 128 prompt tokens) and chat
+        turns (TTFT 162 ms), with the model and the Orin Nano preset."""
+        records = [
+            *(tool_call(i, t, prompt_n=128) for i, t in enumerate(SEED_TOOL_TOTALS)),
+            *(
+                rec(10 + i, Kind.CHAT, ttft_ms=162.0, prefill_ms=150.0, prompt_n=25, e2e_ms=2000.0)
+                for i in range(3)
+            ),
+        ]
+        runs = load_runs([write_log(tmp_path / "a.jsonl", records)])
+        return build_report(runs, kind=kind, meta=SEED_META, board=ORIN)
+
+    def test_line_and_json(self, tmp_path: Path) -> None:
+        """The text says the prefill achieved 1.29 TFLOP/s, its share of each peak and that
+        the kernels miss the tensor cores; --json has the same numbers."""
+        report = self.report(tmp_path)
+        text = render_text(report)
+        assert "tool: 2 x 4.00 B x 128 tok / 796 ms = 1.29 TFLOP/s achieved" in text
+        assert "13 % of FP16 tensor, 100 % of FP32 CUDA cores" in text
+        assert "its kernels do not reach the tensor cores" in text
+        tool = report["roofline"]["kinds"]["tool"]
+        assert tool["prefill_tflops"] == pytest.approx(1.286, abs=0.001)
+        assert tool["prefill_reaches"] == "FP32 CUDA cores"
+
+    def test_cross_check_at_the_measured_ms_per_token(self, tmp_path: Path) -> None:
+        """With prompt tokens in the log, the cross-check's tokens use the measured ms per
+        prompt token (796 / 128 = 6.22): 658 ms is about 106 tokens."""
+        text = render_text(self.report(tmp_path))
+        assert "tool TTFT - chat TTFT = 658 ms of prefill per call for the tools" in text
+        assert "about 106 tokens at the measured 6.22 ms per prompt token" in text
+
+    def test_no_cross_check_for_one_kind(self, tmp_path: Path) -> None:
+        """With --kind tool there is no chat TTFT: no cross-check line."""
+        report = self.report(tmp_path, kind="tool")
+        assert report["tools_prefill"] is None
+        assert "cross-check" not in render_text(report)
+
+
+class TestReportArguments:
+    """--model-size and --params on the command line."""
+
+    def test_float_notation(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """--model-size 2.45e9 --params 4e9 are read as 2,450,000,000 bytes and 4 B params."""
+        from proxy.commands.cli import main
+
+        path = write_summary(tmp_path / "s.json")
+        assert main(["report", path, "--model-size", "2.45e9", "--params", "4e9"]) == 0
+        assert "4.00 B params x 4.90 bit / 8 = 2.45 GB" in capsys.readouterr().out
+
+    @pytest.mark.parametrize(
+        ("given", "lacking"), [("--model-size", "--params N"), ("--params", "--model-size BYTES")]
+    )
+    def test_one_without_the_other(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str, lacking: str
+    ) -> None:
+        """One of the two without the other is an error that names what is missing."""
+        from proxy.commands.cli import main
+
+        assert main(["report", write_summary(tmp_path / "s.json"), given, "4e9"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {given} needs {lacking}" in err
+
+    def test_not_a_number(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A value that is not a number is refused with an example of one that is."""
+        from proxy.commands.cli import main
+
+        with pytest.raises(SystemExit) as info:
+            main(["report", write_summary(tmp_path / "s.json"), "--model-size", "big"])
+        assert info.value.code == 2
+        assert "not a number: 'big' (write e.g. 2.45e9)" in capsys.readouterr().err
 
 
 class TestBuildReport:

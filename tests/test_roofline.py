@@ -1,4 +1,6 @@
-"""Tests for proxy.core.roofline: the arithmetic against the seed's own figures, and the lines."""
+"""Tests for proxy.core.roofline, proxy.core.roofline_summary and proxy.core.boards: the
+arithmetic against the Jetson measurement's own figures, the peaks by precision, and the
+report's roofline lines (proxy.commands.report.roofline_text)."""
 
 from __future__ import annotations
 
@@ -6,24 +8,30 @@ from typing import Any
 
 import pytest
 
+from proxy.commands.report.roofline_text import roofline_lines as render_lines
+from proxy.commands.report.roofline_text import tools_prefill_lines
 from proxy.config import BOARD_PRESETS, BoardConfig
+from proxy.core.boards import BOARD_SPECS, FP16_TENSOR, FP32_CUDA, GIVEN, Peak
 from proxy.core.record import Kind, Record
 from proxy.core.roofline import (
     Board,
-    Medians,
     ModelMeta,
+    achieved_tflops,
+    compute_ms_per_token,
     decode_gbs,
     decode_intensity,
     floor_ms_per_token,
+    flop_per_token,
+    implied_tokens,
+    peak_share,
     prefill_intensity,
     record_roofline,
     ridge,
     roof_ratio,
-    roofline_lines,
-    roofline_summary,
     traffic_per_json_char,
     traffic_per_tool_call,
 )
+from proxy.core.roofline_summary import Medians, roofline_summary, tools_prefill
 
 # The Jetson Orin Nano measurement this project starts from, as published (the figures in
 # proxy/core/roofline.py's docstring): a 4 B model whose weights are 2.45 GB (4.9 bit/weight)
@@ -33,7 +41,10 @@ from proxy.core.roofline import (
 N_PARAMS = 4_000_000_000
 WEIGHTS = 2_450_000_000
 SEED_META = ModelMeta(WEIGHTS, N_PARAMS, "qwen3-4b")
-SEED_BOARD = Board(bandwidth_gbs=68.0, peak_tflops=1.25)
+SEED_BOARD = Board(68.0, (Peak(1.25, FP32_CUDA),))
+"""The board as the measurement's arithmetic took it: 68 GB/s and the FP32 peak, 1.25."""
+ORIN = Board.from_config(BoardConfig(preset="jetson-orin-nano-8gb"))
+"""The preset: both peaks, FP16 tensor (10.24) and FP32 CUDA cores (1.28)."""
 CHAT_DECODE_TOK_S = 10.7
 
 
@@ -51,6 +62,13 @@ def models_json(**meta: Any) -> dict[str, Any]:
             }
         ],
     }
+
+
+def roofline_lines(
+    meta: ModelMeta | None, board: Board | None, medians: dict[str, Medians]
+) -> list[str]:
+    """The report's roofline lines for these figures (the summary, rendered)."""
+    return render_lines(roofline_summary(meta, board, medians))
 
 
 def chat_summary() -> dict[str, Any]:
@@ -175,16 +193,58 @@ class TestBoard:
         assert board.name == "jetson-orin-nano-8gb"
 
     def test_explicit_wins(self) -> None:
-        """Explicit values win over the preset's."""
+        """Explicit values win over the preset's: a given peak replaces the preset's peaks,
+        as one peak whose precision is the user's (not stated)."""
         board = Board.from_config(
             BoardConfig(preset="jetson-orin-nano-8gb", memory_bandwidth_gbs=60.0, peak_tflops=1.25)
         )
         assert (board.bandwidth_gbs, board.peak_tflops) == (60.0, 1.25)
+        assert board.peaks == (Peak(1.25, GIVEN),)
 
     def test_zero_is_unknown(self) -> None:
-        """0 in the config (the default) is unknown: None."""
+        """0 in the config (the default) is unknown: None, and no peak."""
         board = Board.from_config(BoardConfig())
         assert (board.bandwidth_gbs, board.peak_tflops, board.known) == (None, None, False)
+        assert board.peaks == ()
+
+    def test_preset_peaks_name_their_precision(self) -> None:
+        """The Orin Nano 8 GB preset has both peaks, each naming its precision: dense FP16 on
+        the tensor cores, 10.24 TFLOP/s, and FP32 on the CUDA cores, 1.28 TFLOP/s (1024 cores
+        x 2 FLOP x 625 MHz); the config's peak_tflops, filled by the preset, is the first."""
+        assert [p.precision for p in ORIN.peaks] == [FP16_TENSOR, FP32_CUDA]
+        assert [p.tflops for p in ORIN.peaks] == pytest.approx([10.24, 1.28])
+        assert ORIN.peak_tflops == pytest.approx(10.24)
+
+    def test_preset_loaded_through_the_config_keeps_its_peaks(self, tmp_path: Any) -> None:
+        """A preset loaded by the config loader (which fills peak_tflops with the preset's
+        highest peak) still gives both peaks with their precisions."""
+        from proxy.config import load_config
+
+        path = tmp_path / "config.toml"
+        path.write_text('[board]\npreset = "jetson-orin-nano-8gb"\n')
+        board = Board.from_config(load_config(path).board)
+        assert [p.precision for p in board.peaks] == [FP16_TENSOR, FP32_CUDA]
+
+    def test_every_jetson_has_both_peaks(self) -> None:
+        """Every Jetson preset carries the FP16 tensor and FP32 CUDA-core peaks, the tensor
+        one 8x the other; the AGX Orin 64 GB's FP32 peak is the technical brief's 5.3."""
+        for name, spec in BOARD_SPECS.items():
+            if not name.startswith("jetson"):
+                continue
+            fp16, fp32 = spec.peaks
+            assert (fp16.precision, fp32.precision) == (FP16_TENSOR, FP32_CUDA), name
+            assert fp16.tflops == pytest.approx(8 * fp32.tflops), name
+        assert BOARD_SPECS["jetson-agx-orin-64gb"].peaks[1].tflops == pytest.approx(5.3, abs=0.05)
+
+    def test_ridge_per_precision(self) -> None:
+        """The Orin Nano's ridge is 151 FLOP per byte for FP16 tensor and 18.8 for FP32 CUDA
+        cores (the measurement's 18 with its rounded 1.25): the summary gives both."""
+        board = roofline_summary(None, ORIN, {})["board"]
+        ridges = {p["precision"]: p["ridge_flop_per_byte"] for p in board["peaks"]}
+        assert ridges == {
+            FP16_TENSOR: pytest.approx(150.6, abs=0.05),
+            FP32_CUDA: pytest.approx(18.8, abs=0.05),
+        }
 
     def test_cpu_board_peak_unknown(self) -> None:
         """A preset without a peak figure (Raspberry Pi 5) keeps the peak unknown."""
@@ -258,16 +318,18 @@ class TestSummaryAndLines:
             "2.6x the floor",
             "18.4 FLOP per byte",
             "3.27 FLOP per byte",
-            "<< ridge 18.4: memory side",
+            "<< ridge 18.4 (FP32 CUDA cores): memory side",
             "24.5 GB of DRAM",
             "0.61 GB per character",
         ):
             assert figure in text, figure
 
     def test_lines_label_estimates(self) -> None:
-        """Every line with a derived figure is labelled est., measured or spec."""
+        """Every line with a derived figure is labelled est., measured or spec, with one
+        peak or two and with the prefill's achieved compute."""
         lines = roofline_lines(SEED_META, SEED_BOARD, SEED_MEDIANS)
-        for line in lines:
+        both = roofline_lines(SEED_META, ORIN, {**SEED_MEDIANS, "tool": TOOL_PREFILL})
+        for line in [*lines, *both]:
             if "=" in line and not line.startswith("model"):
                 assert any(tag in line for tag in ("(est.)", "measured", "(spec)")), line
         assert sum("(est.)" in line for line in lines) >= 6
@@ -276,7 +338,7 @@ class TestSummaryAndLines:
         """The tool prompt's 100 tokens give 327 FLOP per byte, on the compute side."""
         text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, SEED_MEDIANS))
         assert "100 tok x 2 FLOP / 0.61 B per weight = 327 FLOP per byte (est.)" in text
-        assert ">> ridge 18.4: compute side" in text
+        assert ">> ridge 18.4 (FP32 CUDA cores): compute side" in text
 
     def test_lines_empty_without_meta(self) -> None:
         """No model size, no roofline lines."""
@@ -293,3 +355,138 @@ class TestSummaryAndLines:
         medians = {"tool": Medians(decode_tok_s=6.0, prompt_n=2000)}
         text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, medians))
         assert "--ubatch-size" in text
+
+
+# The measurement's median tool prefill: 796 ms for 128 prompt tokens of a 4 B model.
+TOOL_PREFILL = Medians(decode_tok_s=6.0, prompt_n=128, prefill_ms=796.0, ttft_ms=820.0)
+CHAT_TTFT = Medians(decode_tok_s=10.7, ttft_ms=162.0)
+
+
+class TestPrefillCompute:
+    """What the prefill achieved against each peak: the measurement's finding."""
+
+    def test_flop_and_compute_time_per_token(self) -> None:
+        """4 B params x 2 FLOP = 8 GFLOP per token: 6.4 ms at the measurement's FP32 peak of
+        1.25 TFLOP/s, 6.25 at the preset's 1.28, 0.78 at the FP16 tensor peak."""
+        assert flop_per_token(N_PARAMS) == 8e9
+        assert compute_ms_per_token(N_PARAMS, 1.25) == pytest.approx(6.4)
+        assert compute_ms_per_token(N_PARAMS, 1.28) == pytest.approx(6.25)
+        assert compute_ms_per_token(N_PARAMS, 10.24) == pytest.approx(0.78125)
+        assert compute_ms_per_token(N_PARAMS, None) is None
+
+    def test_achieved(self) -> None:
+        """2 x 4e9 x 128 / 0.796 s = 1.29 TFLOP/s: 13 % of the FP16 tensor peak, about all
+        of the FP32 CUDA-core one."""
+        tflops = achieved_tflops(N_PARAMS, 128, 796.0)
+        assert tflops == pytest.approx(1.286, abs=0.001)
+        assert peak_share(tflops, 10.24) == pytest.approx(0.126, abs=0.001)
+        assert peak_share(tflops, 1.28) == pytest.approx(1.005, abs=0.001)
+
+    @pytest.mark.parametrize(("tokens", "ms"), [(None, 796.0), (128, None), (0, 796.0), (128, 0)])
+    def test_achieved_unknown(self, tokens: float | None, ms: float | None) -> None:
+        """Without prompt tokens or a prefill time (or with 0) nothing was achieved: None."""
+        assert achieved_tflops(N_PARAMS, tokens, ms) is None
+
+    def test_summary_fields(self) -> None:
+        """The summary's tool kind has the achieved TFLOP/s, the measured ms per prompt
+        token (796 / 128 = 6.22), the share of each peak and the peak it reaches (FP32);
+        the compute time per token at each peak is beside it."""
+        out = roofline_summary(SEED_META, ORIN, {"tool": TOOL_PREFILL})
+        tool = out["kinds"]["tool"]
+        assert tool["prefill_tflops"] == pytest.approx(1.286, abs=0.001)
+        assert tool["prefill_ms_per_token"] == pytest.approx(6.219, abs=0.001)
+        assert tool["prefill_shares"] == {
+            FP16_TENSOR: pytest.approx(0.1256, abs=0.0001),
+            FP32_CUDA: pytest.approx(1.005, abs=0.0001),
+        }
+        assert tool["prefill_reaches"] == FP32_CUDA
+        assert out["compute_ms_per_token"] == {FP16_TENSOR: 0.7812, FP32_CUDA: 6.25}
+
+    def test_lines_say_the_kernels_miss_the_tensor_cores(self) -> None:
+        """The lines give the achieved compute with its shares and say that the prefill runs
+        at about the FP32 peak, so its kernels do not reach the tensor cores."""
+        text = "\n".join(roofline_lines(SEED_META, ORIN, {"tool": TOOL_PREFILL}))
+        assert "tool: 2 x 4.00 B x 128 tok / 796 ms = 1.29 TFLOP/s achieved" in text
+        assert "13 % of FP16 tensor, 100 % of FP32 CUDA cores" in text
+        assert "796 / 128 = 6.22 ms per prompt token (measured)" in text
+        assert "its kernels do not reach the tensor cores" in text
+        assert "0.78 ms at FP16 tensor, 6.25 ms at FP32 CUDA cores (spec)" in text
+
+    def test_silent_when_the_prefill_reaches_the_tensor_peak(self) -> None:
+        """A prefill at 60 % of the FP16 tensor peak (128 tokens in 167 ms) is not said to
+        miss the tensor cores."""
+        fast = Medians(prompt_n=128, prefill_ms=167.0)
+        lines = roofline_lines(SEED_META, ORIN, {"tool": fast})
+        text = "\n".join(lines)
+        assert "TFLOP/s achieved" in text
+        assert "tensor cores" not in text and "about the" not in text
+
+    def test_silent_with_one_peak(self) -> None:
+        """With the measurement's one FP32 peak there is nothing above it to miss: the shares
+        are given, no verdict."""
+        text = "\n".join(roofline_lines(SEED_META, SEED_BOARD, {"tool": TOOL_PREFILL}))
+        assert "103 % of FP32 CUDA cores" in text
+        assert "about the" not in text
+
+    def test_unknown_without_prompt_tokens(self) -> None:
+        """A prefill time without the prompt tokens evaluated says the compute is unknown."""
+        medians = {"tool": Medians(prefill_ms=820.0, ttft_ms=820.0)}
+        text = "\n".join(roofline_lines(SEED_META, ORIN, medians))
+        assert "compute achieved: unknown" in text and "prompt_n" in text
+
+
+class TestToolsPrefill:
+    """The measurement's cross-check: tool TTFT - chat TTFT = the tools' prefill per call."""
+
+    def test_difference(self) -> None:
+        """820 - 162 = 658 ms, 4.1x the chat TTFT."""
+        check = tools_prefill({"tool": TOOL_PREFILL, "chat": CHAT_TTFT})
+        assert check is not None
+        assert (check["extra_ms"], check["times_chat"]) == (658.0, 4.06)
+
+    def test_tokens_at_the_measured_ms_per_token(self) -> None:
+        """With the tool prompt's tokens known, 658 ms at 796 / 128 = 6.22 ms per token is
+        about 106 tokens, and that basis is the only one."""
+        check = tools_prefill({"tool": TOOL_PREFILL, "chat": CHAT_TTFT}, SEED_META, ORIN)
+        assert check is not None
+        (tokens,) = check["tokens"]
+        assert tokens["basis"] == "measured"
+        assert tokens["tokens"] == pytest.approx(105.8, abs=0.05)
+
+    def test_tokens_at_each_peak(self) -> None:
+        """Without prompt tokens, the measurement's arithmetic: 658 / 6.4 = about 103 tokens
+        at its FP32 peak; the preset gives one figure per peak."""
+        tool = Medians(ttft_ms=820.0)
+        check = tools_prefill({"tool": tool, "chat": CHAT_TTFT}, SEED_META, SEED_BOARD)
+        assert check is not None
+        assert [round(t["tokens"]) for t in check["tokens"]] == [103]
+        assert implied_tokens(658.0, 6.4) == pytest.approx(102.8, abs=0.05)
+        both = tools_prefill({"tool": tool, "chat": CHAT_TTFT}, SEED_META, ORIN)
+        assert both is not None
+        assert {t["basis"]: round(t["tokens"]) for t in both["tokens"]} == {
+            FP16_TENSOR: 842,
+            FP32_CUDA: 105,
+        }
+
+    def test_line(self) -> None:
+        """The cross-check line reads as the measurement's, with the tokens below it."""
+        check = tools_prefill({"tool": TOOL_PREFILL, "chat": CHAT_TTFT}, SEED_META, ORIN)
+        lines = tools_prefill_lines(check)
+        assert lines[0].startswith(
+            "cross-check: tool TTFT - chat TTFT = 658 ms of prefill per call for the tools"
+        )
+        assert "about 106 tokens at the measured 6.22 ms per prompt token" in "\n".join(lines)
+
+    def test_silent_without_both_kinds(self) -> None:
+        """Without chat (or tool) TTFTs there is no cross-check and no line."""
+        assert tools_prefill({"tool": TOOL_PREFILL}) is None
+        assert tools_prefill({"tool": TOOL_PREFILL, "chat": Medians(decode_tok_s=10.7)}) is None
+        assert tools_prefill_lines(None) == []
+
+    def test_no_tokens_when_tools_cost_nothing(self) -> None:
+        """When tool calls start no later than chat (the tools cached), no tokens are
+        implied and the line says so."""
+        check = tools_prefill({"tool": Medians(ttft_ms=150.0), "chat": CHAT_TTFT}, SEED_META, ORIN)
+        assert check is not None and check["tokens"] == []
+        (line,) = tools_prefill_lines(check)
+        assert "-12 ms" in line and "no later than chat" in line

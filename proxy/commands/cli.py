@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -56,6 +57,18 @@ LLAMA_ARG_HELP = (
 )
 
 
+def _count(text: str) -> int:
+    """A positive count as ``--model-size``/``--params`` take it: ``2450000000`` or
+    ``2.45e9`` (rounded to a whole number)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (write e.g. 2.45e9)") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return round(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timing-proxy",
@@ -75,17 +88,28 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-file", help="also append the JSON log lines to this file")
 
     report = sub.add_parser("report", help="summarise request logs (several files = runs)")
-    report.add_argument("logs", nargs="+", help="JSON-lines logs written by the proxy or bench")
+    report.add_argument(
+        "logs",
+        nargs="+",
+        help="the proxy's or bench's JSON-lines logs, or another harness's calls: JSON lines,"
+        ' a JSON list, or {"chat": [...], "tool": [...]}',
+    )
     report.add_argument("--json", action="store_true", help="print JSON (the /stats shape)")
     report.add_argument("--kind", choices=("chat", "tool"), help="only this kind")
     report.add_argument("--plot", metavar="FILE.png", help="draw the median calls' clocks")
     report.add_argument("--config", help="config.toml whose [board] section to use")
     report.add_argument("--board", help="board preset, e.g. jetson-orin-nano-8gb")
     report.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth, GB/s")
-    report.add_argument("--peak-tflops", type=float, help="peak compute, TFLOP/s")
+    report.add_argument(
+        "--peak-tflops", type=float, help="peak compute, TFLOP/s (replaces the preset's peaks)"
+    )
     report.add_argument("--upstream", help="llama-server URL to read the model's size from")
-    report.add_argument("--model-size", type=int, help="model weights in bytes")
-    report.add_argument("--params", type=int, help="model parameters")
+    report.add_argument(
+        "--model-size", type=_count, metavar="BYTES", help="model weights in bytes, e.g. 2.45e9"
+    )
+    report.add_argument(
+        "--params", type=_count, metavar="N", help="model parameters, e.g. 4e9 (with --model-size)"
+    )
 
     bench = sub.add_parser("bench", help="send a prompt set N times, one log per run")
     bench.add_argument(
@@ -206,8 +230,18 @@ def _board_and_meta(args: argparse.Namespace) -> tuple[Any, Any]:
         ).board
     board = Board.from_config(board_cfg)
     meta = None
-    if args.model_size and args.params:
-        meta = ModelMeta(size_bytes=args.model_size, n_params=args.params, name=None)
+    if (args.model_size is None) != (args.params is None):
+        given, lacking = (
+            ("--model-size", "--params N (the parameter count, e.g. 4e9)")
+            if args.params is None
+            else ("--params", "--model-size BYTES (the weights' size, e.g. 2.45e9)")
+        )
+        raise ReportError(
+            f"{given} needs {lacking} too: the roofline takes both (or --upstream URL to read"
+            " them from llama-server)"
+        )
+    if args.model_size is not None and args.params is not None:
+        meta = ModelMeta(args.model_size, args.params, None, "--model-size, --params")
     elif args.upstream:
         from proxy.serve.model_info import ModelInfo
 

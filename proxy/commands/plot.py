@@ -21,11 +21,12 @@ from proxy.commands.report.errors import ReportError
 from proxy.commands.report.summary import KINDS, completed, median_call, median_record
 from proxy.core.numbers import figure
 from proxy.core.record import Record
+from proxy.core.stats import percentile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["PlotUnavailableError", "plot_clock"]
+__all__ = ["PlotUnavailableError", "clock_title", "plot_clock"]
 
 INSTALL_HINT = "pip install 'timing-proxy[plot]'"
 
@@ -39,21 +40,46 @@ class PlotUnavailableError(ReportError):
     """matplotlib is not installed."""
 
 
-def _calls(source: Mapping[str, Any] | Sequence[Record]) -> list[tuple[str, int, dict[str, Any]]]:
-    """(kind, completed count, median call) for each kind that has one."""
-    out: list[tuple[str, int, dict[str, Any]]] = []
+_Call = tuple[str, int, dict[str, Any], float | None]
+"""(kind, completed count, median call, the median of the calls' decode rates)."""
+
+
+def _calls(source: Mapping[str, Any] | Sequence[Record]) -> list[_Call]:
+    """The median call of each kind that has one, with the kind's completed count and the
+    median of its calls' decode rates."""
+    out: list[_Call] = []
     if isinstance(source, Mapping):
         for kind, summary in source["kinds"].items():
             call = summary.get("median_call")
             if call is not None:
-                out.append((kind, int(summary["window"]), call))
+                rate = (summary.get("decode_tok_s") or {}).get("p50")
+                out.append((kind, int(summary["window"]), call, rate))
         return out
     for kind in KINDS:
         done = completed(source, kind)
         call = median_call(median_record(done))
         if call is not None:
-            out.append((kind, len(done), call))
+            rates = sorted(r.decode_tok_s for r in done if r.decode_tok_s is not None)
+            out.append((kind, len(done), call, percentile(rates, 0.5)))
     return out
+
+
+def _lacking(source: Mapping[str, Any] | Sequence[Record]) -> str:
+    """Why there is no call to draw: no completed chat or tool call, or none with an end."""
+    if isinstance(source, Mapping):
+        done = sum(int(s["window"]) for s in source["kinds"].values())
+    else:
+        done = sum(len(completed(source, kind)) for kind in KINDS)
+    if not done:
+        return (
+            "nothing to plot: no completed chat or tool call in the logs (a call needs a kind,"
+            " chat or tool, and no failed outcome)"
+        )
+    return (
+        f"nothing to plot: none of the {done:,} completed chat and tool calls has an end-to-end"
+        " time (e2e_ms; a harness's total_ms, latency_ms or duration_ms is read as it), which"
+        " picks the median call"
+    )
 
 
 def plot_clock(source: Mapping[str, Any] | Sequence[Record], path: str) -> None:
@@ -72,16 +98,14 @@ def plot_clock(source: Mapping[str, Any] | Sequence[Record], path: str) -> None:
         ) from None
     calls = _calls(source)
     if not calls:
-        raise ReportError("nothing to plot: no completed chat or tool call with an end time")
+        raise ReportError(_lacking(source))
     fig = Figure(figsize=(11, 1.0 + 2.1 * len(calls)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(calls), 1, squeeze=False)[:, 0]
-    for ax, (kind, count, call) in zip(axes, calls, strict=True):
-        _draw(ax, kind, count, call)
+    for ax, (kind, count, call, rate) in zip(axes, calls, strict=True):
+        _draw(ax, kind, count, call, rate)
     fig.supxlabel(
-        "ms since the proxy had the request.  Prefill and decode: llama-server's clock;"
-        " first token, tool call and end: the proxy's.\nOne tick per decoded token, evenly"
-        " spaced over the decode time (the log has its total, not each token's time).",
+        _caption(source),
         fontsize=8,
         color="#555555",
     )
@@ -91,15 +115,38 @@ def plot_clock(source: Mapping[str, Any] | Sequence[Record], path: str) -> None:
         raise ReportError(f"{path}: cannot write the plot: {exc}") from None
 
 
+_TICKS = (
+    "One tick per decoded token, evenly spaced over the decode time (the log has its total,"
+    " not each token's time)."
+)
+
+
+def _caption(source: Mapping[str, Any] | Sequence[Record]) -> str:
+    """Whose clocks the figure shows: the proxy's log, or a harness's times with prefill
+    and decode derived from them."""
+    if isinstance(source, Mapping) and source.get("derived"):
+        return (
+            "ms since the request was sent.  Times: the logs' own; prefill = TTFT and"
+            " decode = end - TTFT where the logs lacked them (an upper bound on prefill).\n"
+            + _TICKS
+        )
+    return (
+        "ms since the proxy had the request.  Prefill and decode: llama-server's clock;"
+        " first token, tool call and end: the proxy's.\n" + _TICKS
+    )
+
+
 _Y, _H = 0.0, 0.5
 """The bar's bottom and height on each row's y axis."""
 
 
-def _draw(ax: Axes, kind: str, count: int, call: Mapping[str, Any]) -> None:
+def _draw(
+    ax: Axes, kind: str, count: int, call: Mapping[str, Any], calls_rate: float | None
+) -> None:
     _draw_prefill(ax, call["ttft_ms"], call["prefill_ms"])
     _draw_decode(ax, call["ttft_ms"], call["decode_ms"], call["predicted_n"])
     _draw_marks(ax, call["ttft_ms"], call["tool_call_ms"], call["e2e_ms"])
-    ax.set_title(_title(kind, count, call), loc="left", fontsize=10)
+    ax.set_title(clock_title(kind, count, call, calls_rate), loc="left", fontsize=10)
     _style_axis(ax, call["e2e_ms"])
 
 
@@ -183,7 +230,9 @@ def _title_parts(ttft: float | None, prefill: float | None, decode: float | None
     return parts
 
 
-def _title(kind: str, count: int, call: Mapping[str, Any]) -> str:
+def clock_title(kind: str, count: int, call: Mapping[str, Any], calls_rate: float | None) -> str:
+    """A row's title: the median call's end-to-end time and split, then its own decode rate
+    beside the median of the ``count`` calls' rates (``calls_rate``), named as such."""
     name = "tool call" if kind == "tool" else kind
     call_id = call["id"] if call["id"] is not None else "no id"
     title = f"{name}: median of {count} by end-to-end time ({call_id}): {figure(call['e2e_ms'])} ms"
@@ -191,7 +240,9 @@ def _title(kind: str, count: int, call: Mapping[str, Any]) -> str:
     if parts:
         title += ": " + " + ".join(parts) + " ms"
     if call["decode_tok_s"]:
-        title += f", {call['decode_tok_s']:.1f} tok/s"
+        title += f"\ndecode {call['decode_tok_s']:.1f} tok/s: this call's own rate"
+        if calls_rate is not None:
+            title += f" (the median of the {count} calls' rates is {calls_rate:.1f})"
     return title
 
 

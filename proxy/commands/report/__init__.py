@@ -1,12 +1,14 @@
-"""``timing-proxy report``: the proxy's own JSON-lines logs (or another harness's per-call
-log) read back into a summary.
+"""``timing-proxy report``: the proxy's own JSON-lines logs (or another harness's calls: JSON
+lines, a JSON list, or one JSON document of calls per kind) read back into a summary.
 
-Each file is one run. The rooms: :mod:`.load` reads the files (and fetches the model's
-size), :mod:`.summary` builds the document (``/stats``'s kind summaries over completed
-requests, per-run medians, the roofline, the fields the logs lacked), :mod:`.render` writes
-it as a table, :mod:`.run` is the command. :mod:`proxy.commands.plot` draws from the
-summary: :mod:`.run` imports it, and it imports only :mod:`.summary` and :mod:`.errors`,
-so the imports run one way.
+Each file is one run. The rooms: :mod:`.load` reads the files (and :mod:`.harness` maps a
+harness's names and derives what its calls lack), :mod:`.summary` builds the document
+(``/stats``'s kind summaries over completed requests, the fields the logs lacked, the
+tools' prefill cross-check, the roofline), with :mod:`.breakdown` (per API, per run) and
+:mod:`.causes` (why prefill was paid, setup findings); :mod:`.render` writes it as text,
+with :mod:`.render_tables`, :mod:`.roofline_text` and :mod:`.textfmt`; :mod:`.run` is the
+command. :mod:`proxy.commands.plot` draws from the summary: :mod:`.run` imports it, and it
+imports only :mod:`.summary` and :mod:`.errors`, so the imports run one way.
 """
 
 from __future__ import annotations

@@ -1,40 +1,37 @@
 """The report document as a terminal table: fixed-width columns, units, thousands separators.
 
 Pure: a :func:`proxy.commands.report.summary.build_report` document in, text out. Times are
-written by :func:`proxy.core.numbers.figure_or_dash` (``2,061``, ``93.5``, ``4.25``).
+written by :func:`proxy.core.numbers.figure_or_dash` (``2,061``, ``93.5``, ``4.25``). This
+module writes the head (what was read and how), the kinds and the roofline section; the
+other tables are :mod:`.render_tables`, the roofline's lines :mod:`.roofline_text`.
 """
 
 from __future__ import annotations
 
-import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from proxy.commands.report.render_tables import (
+    by_api_lines,
+    per_run_lines,
+    prefill_lines,
+    setup_lines,
+)
+from proxy.commands.report.roofline_text import tools_prefill_lines
 from proxy.commands.report.summary import COMPLETED_ONLY
-from proxy.core.numbers import figure_or_dash as _ms
+from proxy.commands.report.textfmt import Format as _Format
+from proxy.commands.report.textfmt import integer as _int
+from proxy.commands.report.textfmt import labelled as _labelled
+from proxy.commands.report.textfmt import ms as _ms
+from proxy.commands.report.textfmt import pct as _pct
+from proxy.commands.report.textfmt import plural as _plural
+from proxy.commands.report.textfmt import rate as _rate
+from proxy.commands.report.textfmt import share as _share
+from proxy.commands.report.textfmt import table_row as _table_row
+from proxy.commands.report.textfmt import wrap as _wrap
 from proxy.core.stats import SUMMARY_FIELDS
 
 __all__ = ["render_text"]
-
-_Format = Callable[[float | None], str]
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
-
-
-def _int(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} %"
-
-
-def _share(value: float | None) -> str:
-    """A ratio (0..1) as a percentage."""
-    return "-" if value is None else f"{100 * value:.0f} %"
-
 
 _ROWS: tuple[tuple[str, str, _Format], ...] = (
     ("ttft_ms", "TTFT ms", _ms),
@@ -57,30 +54,8 @@ _EXTRA_ROWS: tuple[tuple[str, str, _Format], ...] = (
     ("tool_call_tokens", "tool-call tokens", _int),
     ("tool_decode_tok_s", "tool-call decode tok/s", _rate),
 )
-_RUN_COLS: tuple[tuple[str, str, _Format], ...] = (
-    ("e2e_ms", "e2e ms", _ms),
-    ("tool_call_ms", "tool ms", _ms),
-    ("ttft_ms", "TTFT ms", _ms),
-    ("prefill_ms", "prefill ms", _ms),
-    ("decode_ms", "decode ms", _ms),
-    ("decode_tok_s", "tok/s", _rate),
-)
-_API_COLS: tuple[tuple[str, str, _Format], ...] = (
-    ("ttft_ms", "TTFT ms", _ms),
-    ("prefill_ms", "prefill ms", _ms),
-    ("e2e_ms", "e2e ms", _ms),
-    ("tool_call_ms", "tool ms", _ms),
-    ("decode_tok_s", "tok/s", _rate),
-)
-"""The medians the per-API table shows (``--json`` has every percentile)."""
-
-_LABEL = 26
-_COL = 10
 _MISSING_SHOWN = 12
 """How many missing fields the text names (``--json`` has them all)."""
-_FINDINGS_SHOWN = 10
-"""How many findings the text lists (``--json`` has them all)."""
-_WIDTH = 100
 
 
 def _rows() -> list[tuple[str, str, _Format]]:
@@ -90,16 +65,8 @@ def _rows() -> list[tuple[str, str, _Format]]:
     return [*_ROWS, *rest, *_EXTRA_ROWS]
 
 
-def _table_row(label: str, cells: Sequence[str]) -> str:
-    return f"  {label:<{_LABEL}}" + "".join(f"{c:>{_COL}}" for c in cells)
-
-
-def _labelled(label: str, text: str) -> str:
-    return f"  {label:<{_LABEL}}{text}"
-
-
 def _percentile_lines(s: Mapping[str, Any]) -> list[str]:
-    lines = [_table_row("", ["p50", "p90", "p99"])]
+    lines = [_table_row("of the calls", ["p50", "p90", "p99"])]
     for name, label, fmt in _rows():
         q = s.get(name)
         if isinstance(q, dict) and q.get("p50") is not None:
@@ -223,7 +190,9 @@ def _cache_lines(cache: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _median_call_lines(call: Mapping[str, Any] | None) -> list[str]:
+def _median_call_lines(call: Mapping[str, Any] | None, calls_rate: float | None) -> list[str]:
+    """The median call (by end-to-end time); its own decode rate beside the median of the
+    calls' rates (``calls_rate``), which is another number."""
     if call is None:
         return []
     parts = [f"{_ms(call['e2e_ms'])} ms end to end"]
@@ -232,7 +201,13 @@ def _median_call_lines(call: Mapping[str, Any] | None) -> list[str]:
     if call["predicted_n"] is not None:
         parts.append(f"{call['predicted_n']} tokens")
     name = call["id"] if call["id"] is not None else "(no id)"
-    return [_labelled("median call", f"{name}: " + ", ".join(parts))]
+    lines = [_labelled("median call", f"{name}: " + ", ".join(parts))]
+    if call["decode_tok_s"] is not None:
+        own = f"its own rate {_rate(call['decode_tok_s'])} tok/s"
+        if calls_rate is not None:
+            own += f"; the p50 above, {_rate(calls_rate)}, is the calls' median"
+        lines.append(_labelled("", own))
+    return lines
 
 
 def _kind_lines(kind: str, s: Mapping[str, Any]) -> list[str]:
@@ -250,70 +225,8 @@ def _kind_lines(kind: str, s: Mapping[str, Any]) -> list[str]:
         *_board_lines(s.get("board")),
         *_valid_lines(s["tool_calls_valid"]),
         *_cache_lines(s["cache"]),
-        *_median_call_lines(s["median_call"]),
+        *_median_call_lines(s["median_call"], s["decode_tok_s"]["p50"]),
     ]
-
-
-def _spread_lines(rows: Sequence[Mapping[str, Any]], spread: Mapping[str, Any]) -> list[str]:
-    main = next((name for name in ("tool_call_ms", "e2e_ms") if spread.get(name)), None)
-    if main is None:
-        return []
-    sp = spread[main]
-    medians = " / ".join(_ms(row[main]) for row in rows if row[main] is not None)
-    return [
-        f"  spread between the runs' {main} medians: {medians} ms",
-        f"  max - min = {_ms(sp['ms'])} ms, {sp['pct']:.1f} % of the median run",
-    ]
-
-
-def _per_run_lines(kind: str, per_run: Mapping[str, Any]) -> list[str]:
-    rows = per_run["runs"]
-    cols = [c for c in _RUN_COLS if any(row[c[0]] is not None for row in rows)]
-    if not cols:
-        return []
-    width = max(12, *(len(row["name"]) for row in rows))
-    head = f"  {'run':<{width}}{'n':>6}" + "".join(f"{label:>{_COL + 2}}" for _, label, _ in cols)
-    lines = [f"{kind} per run (medians of completed requests)", head]
-    for row in rows:
-        lines.append(
-            f"  {row['name']:<{width}}{row['count']:>6,}"
-            + "".join(f"{fmt(row[name]):>{_COL + 2}}" for name, _, fmt in cols)
-        )
-    spread = per_run["spread"]
-    cells = ["-" if spread[name] is None else fmt(spread[name]["ms"]) for name, _, fmt in cols]
-    lines.append(f"  {'spread':<{width}}{'':>6}" + "".join(f"{c:>{_COL + 2}}" for c in cells))
-    return [*lines, *_spread_lines(rows, spread)]
-
-
-def _api_rows(by_api: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
-    """(api, kind, summary) of each kind each API had requests of."""
-    return [
-        (api, kind, s)
-        for api, entry in by_api.items()
-        for kind, s in entry["kinds"].items()
-        if s["count"]
-    ]
-
-
-def _by_api_lines(report: Mapping[str, Any]) -> list[str]:
-    """The medians of each API's chat and tool requests, one row per API and kind (only
-    those with requests); nothing for logs that do not name the API."""
-    by_api: Mapping[str, Any] = report.get("by_api") or {}
-    rows = _api_rows(by_api) if set(by_api) - {"unknown"} else []
-    if not rows:
-        return []
-    cols = [c for c in _API_COLS if any(s[c[0]]["p50"] is not None for _, _, s in rows)]
-    width = max(12, *(len(api) for api, _, _ in rows))
-    head = f"  {'api':<{width}}  {'kind':<6}{'requests':>9}{'completed':>10}" + "".join(
-        f"{label:>{_COL + 1}}" for _, label, _ in cols
-    )
-    lines = ["per API (medians of completed requests)", head]
-    for api, kind, s in rows:
-        lines.append(
-            f"  {api:<{width}}  {kind:<6}{s['count']:>9,}{s['window']:>10,}"
-            + "".join(f"{fmt(s[name]['p50']):>{_COL + 1}}" for name, _, fmt in cols)
-        )
-    return lines
 
 
 def _upstream_error_lines(report: Mapping[str, Any]) -> list[str]:
@@ -347,10 +260,6 @@ def _reasons(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(counts.items()))
 
 
-def _plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'s' if n != 1 else ''}"
-
-
 def _head(report: Mapping[str, Any]) -> str:
     runs = report["runs"]
     skipped = sum(report["skipped"].values())
@@ -358,20 +267,30 @@ def _head(report: Mapping[str, Any]) -> str:
         f" (kind {report['kind']})" if report["kind"] else " (chat and tool)"
     )
     if skipped:
-        head += f"; {_plural(skipped, 'line')} skipped ({_reasons(report['skipped'])})"
+        entry = "entry" if any(run.get("read_as") for run in runs) else "line"
+        noun = _plural(skipped, entry).replace("entrys", "entries")
+        head += f"; {noun} skipped ({_reasons(report['skipped'])})"
     return head
 
 
-def _wrap(head: str, items: Sequence[str], width: int = 100) -> list[str]:
-    """``head`` and the comma-separated ``items`` in lines of at most ``width`` characters
-    (unless one item is longer), the next lines indented by two spaces."""
-    lines = [head.rstrip()]
-    for i, item in enumerate(items):
-        cell = item + ("," if i < len(items) - 1 else "")
-        if len(lines[-1]) + 1 + len(cell) > width:
-            lines.append("  " + cell)
-        else:
-            lines[-1] += " " + cell
+def _of(how: str, n: int, records: int) -> str:
+    """A rename or derivation, with how many records it was for when not all of them."""
+    return how if n >= records else f"{how} ({n:,} of {records:,})"
+
+
+def _read_lines(report: Mapping[str, Any]) -> list[str]:
+    """How each file that is not plain JSON lines was read, the harness names mapped and
+    the fields derived: nothing for the proxy's own logs."""
+    lines = [f"read {run['name']} as {run['read_as']}" for run in report["runs"] if run["read_as"]]
+    records = report["requests_read"]
+    mapped: Mapping[str, int] = report.get("mapped") or {}
+    if mapped:
+        lines += _wrap("names mapped:", list(mapped))
+    derived: Mapping[str, int] = report.get("derived") or {}
+    if derived:
+        lines += _wrap("derived:", [_of(how, n, records) for how, n in derived.items()])
+        if any(how.startswith("prefill_ms") for how in derived):
+            lines.append("  (prefill = TTFT includes the wait before the prefill: an upper bound)")
     return lines
 
 
@@ -408,107 +327,9 @@ def _roofline_lines(report: Mapping[str, Any]) -> list[str]:
     return [*lines, *hint]
 
 
-def _finding_lines(found: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One row per finding (cause, section, requests, tokens, ms), its fix wrapped below."""
-    shown = found[:_FINDINGS_SHOWN]
-    cause_w = max(5, *(len(f["cause"]) for f in shown))
-    section_w = max(7, *(len(f["section"] or "-") for f in shown))
-    nums = ("requests", "tokens", "ms lost")
-    lines = [
-        f"  {'cause':<{cause_w}}  {'section':<{section_w}}" + "".join(f"{n:>10}" for n in nums)
-    ]
-    for f in shown:
-        cells = (_int(f["requests"]), _int(f["lost_tokens"]), _ms(f["lost_ms"]))
-        lines.append(
-            f"  {f['cause']:<{cause_w}}  {f['section'] or '-':<{section_w}}"
-            + "".join(f"{c:>10}" for c in cells)
-        )
-        lines.extend(
-            textwrap.wrap(
-                f["fix"],
-                _WIDTH,
-                initial_indent="    fix: ",
-                subsequent_indent="         ",
-                break_on_hyphens=False,
-                break_long_words=False,
-            )
-        )
-    more = len(found) - len(shown)
-    if more:
-        lines.append(f"  and {_plural(more, 'finding')} more (all in --json)")
-    return lines
-
-
-def _conversation_lines(report: Mapping[str, Any]) -> list[str]:
-    """The conversations that lost the most prefill: turns, requests, prefill paid, lost."""
-    talks: Mapping[str, Mapping[str, Any]] = report.get("conversations") or {}
-    if not talks:
-        return []
-    seen = report.get("conversations_seen") or len(talks)
-    width = max(12, *(len(name) for name in talks))
-    cols = ("turns", "requests", "prefill ms", "lost ms")
-    lines = [
-        f"conversations: the {len(talks):,} of {seen:,} that lost the most prefill to misses",
-        f"  {'conversation':<{width}}" + "".join(f"{c:>12}" for c in cols),
-    ]
-    for name, t in talks.items():
-        cells = (_int(t["turns"]), _int(t["requests"]), _ms(t["prefill_ms"]), _ms(t["lost_ms"]))
-        lines.append(f"  {name:<{width}}" + "".join(f"{c:>12}" for c in cells))
-    return lines
-
-
-def _prefill_lines(report: Mapping[str, Any]) -> list[str]:
-    """Why prefill was paid: the findings with their fixes, then the conversations. Nothing
-    for logs without a prefix attribution."""
-    attributed = report.get("attributed") or 0
-    found: Sequence[Mapping[str, Any]] = report.get("findings") or []
-    if not attributed and not found:
-        return []
-    lines = ["", f"why prefill was paid ({_plural(attributed, 'request')} attributed)"]
-    if found:
-        lines.append("  ms lost: the prefill paid again, at the proxy's reference prefill rate")
-        lines.extend(_finding_lines(found))
-    else:
-        lines.append("  no prefill was lost to a cache miss")
-    talks = _conversation_lines(report)
-    return [*lines, *([""] if talks else []), *talks]
-
-
-def _setup_lines(report: Mapping[str, Any]) -> list[str]:
-    """The setup findings, first in the report: one line each, its fix wrapped below."""
-    found: Sequence[Mapping[str, Any]] = report.get("setup_findings") or []
-    if not found:
-        return []
-    lines = ["setup findings (fix these first)"]
-    for f in found:
-        what = f"{f['cause']} ({f['model']}): {_plural(f['requests'], 'request')}"
-        if f["ms"]:
-            what += f", {_ms(f['ms'])} ms"
-        detail = f.get("detail") or {}
-        if detail.get("longest_tokens") is not None and f["cause"] == "no_max_tokens":
-            what += f", longest generation {_int(detail['longest_tokens'])} tokens"
-        if "tool_decode_tok_s" in detail:
-            what += (
-                f": tool calls {_rate(detail['tool_decode_tok_s'])} tok/s against chat"
-                f" {_rate(detail['chat_decode_tok_s'])} (spread {_rate(detail['spread_tok_s'])})"
-            )
-        lines.append("  " + what)
-        lines.extend(
-            textwrap.wrap(
-                f["fix"],
-                _WIDTH,
-                initial_indent="    fix: ",
-                subsequent_indent="         ",
-                break_on_hyphens=False,
-                break_long_words=False,
-            )
-        )
-    return [*lines, ""]
-
-
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as a terminal table (fixed-width columns, units, thousands separators)."""
-    lines = [_head(report), *_setup_lines(report)]
+    lines = [_head(report), *_read_lines(report), *setup_lines(report)]
     if report["models"]:
         lines.append("model: " + ", ".join(report["models"]))
     apis = report.get("apis") or {}
@@ -517,20 +338,29 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines.extend(_upstream_error_lines(report))
     lines.extend(_missing_lines(report))
     lines.append(f"{COMPLETED_ONLY};")
-    lines.append("prefill and decode are llama-server's clock, the other times the proxy's")
+    if report.get("derived"):
+        lines.append(
+            "the times are the logs' own; prefill and decode derived where they lacked them"
+        )
+    else:
+        lines.append("prefill and decode are llama-server's clock, the other times the proxy's")
     for kind, summary in report["kinds"].items():
         lines.append("")
         lines.extend(_kind_lines(kind, summary))
-    by_api = _by_api_lines(report)
+    check = tools_prefill_lines(report.get("tools_prefill"))
+    if check:
+        lines.append("")
+        lines.extend(check)
+    by_api = by_api_lines(report)
     if by_api:
         lines.append("")
         lines.extend(by_api)
     if len(report["runs"]) > 1:
         for kind, per_run in report["per_run"].items():
-            block = _per_run_lines(kind, per_run)
+            block = per_run_lines(kind, per_run)
             if block:
                 lines.append("")
                 lines.extend(block)
-    lines.extend(_prefill_lines(report))
+    lines.extend(prefill_lines(report))
     lines.extend(_roofline_lines(report))
     return "\n".join(lines) + "\n"

@@ -83,13 +83,9 @@ def clocked(second: int, user: str = "Status?") -> dict[str, Any]:
 
 
 def repeated_after(a: dict[str, Any], b: dict[str, Any]) -> int:
-    """The toy tokens of ``a``'s rendering after its first difference from ``b`` up to the
-    end of ``a``'s last message, when ``b`` differs from ``a`` in one token only (a clock)."""
-    text, pieces = render(a), toy_pieces(render(a))
-    end = text.index(a["messages"][-1]["content"]) + len(a["messages"][-1]["content"])
-    changed = first_difference(a, b) - 1  # the piece that differs (no BOS)
-    starts = [sum(map(len, pieces[:i])) for i in range(len(pieces))]
-    return sum(1 for i, at in enumerate(starts) if i > changed and at < end)
+    """The toy tokens of ``a``'s rendering after the one where it first differs from ``b``,
+    when ``b`` differs from ``a`` in that one token only (a clock)."""
+    return len(toy_pieces(render(a))) - first_difference(a, b)
 
 
 class TestAttribution:

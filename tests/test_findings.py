@@ -196,7 +196,12 @@ class TestCauseOf:
         sent = agent.send(trimmed)
         assert sent.cause is Cause.COMPACTION
         assert sent.loss.tokens == sent.attribution.repeated_tokens > 0
-        summary = chat(system(), user("Summary: cube 3 moved."), long["messages"][-1], tools=TOOLS)
+        summary = chat(
+            *long["messages"][:2],
+            assistant("Summary: cube 3 moved twice, then back."),
+            user("Where is it now?"),
+            tools=TOOLS,
+        )
         agent = Agent()
         agent.send(long)
         sent = agent.send(summary)

@@ -38,10 +38,10 @@ from tests.qwen3_toy import (
 
 
 def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> int:
-    """The earlier prompt's tokens from ``start`` to its generation prompt that occur in the
+    """The earlier prompt's tokens from ``start`` on that occur in the
     new prompt from ``start`` on, in runs of at least ``RUN``: each earlier token is marked
     when some run of ``RUN`` tokens holding it occurs there."""
-    e = ids_of(earlier)[: earlier.generation_start()]
+    e = ids_of(earlier)
     p = ids_of(new)[start:]
     runs = {tuple(p[j : j + RUN]) for j in range(len(p) - RUN + 1)}
     marked = [False] * len(e)

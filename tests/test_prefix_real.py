@@ -154,10 +154,27 @@ def _expected(upstream: str, before: dict[str, Any], after: dict[str, Any]) -> E
     )
 
 
+def _repeated(upstream: str, before: dict[str, Any], after: dict[str, Any]) -> int:
+    """What ``before`` had after the first difference that ``after`` repeats after that
+    point: each token of ``before`` inside a run of 16 tokens found anywhere in ``after``'s
+    rest (a naive search over /tokenize's ids)."""
+    tokens_a = _tokens(upstream, _render(upstream, before))
+    tokens_b = _tokens(upstream, _render(upstream, after))
+    start, stop = _first_difference(tokens_a, tokens_b), len(tokens_a)
+    rest = tokens_b[start:]
+    runs = {tuple(rest[j : j + 16]) for j in range(len(rest) - 15)}
+    marked: set[int] = set()
+    for i in range(start, stop - 15):
+        if tuple(tokens_a[i : i + 16]) in runs:
+            marked.update(range(i, i + 16))
+    return len(marked)
+
+
 # -- the proxy under test ---------------------------------------------------------------------
 
 PREFIX_FIELDS = (
     "prefix_kind",
+    "prefill_lost_tokens",
     "reusable_tokens",
     "cache_n",
     "prompt_n",
@@ -250,7 +267,8 @@ def _clock_body(nonce: str, second: int) -> dict[str, Any]:
     system = (
         f"You are robot arm controller {nonce}. "
         f"Current time: 2026-11-30T22:40:{second:02d}.{second * 37 % 1000:03d}Z. "
-        "Answer briefly."
+        "Answer briefly. Keep the gripper closed while carrying a part, move at most "
+        "ten centimetres a step, and report each move with its new position."
     )
     return {
         **CHAT,
@@ -325,11 +343,12 @@ def test_clock_in_system_prompt_is_a_rewrite_of_messages_0(on_swa_full: Lab) -> 
     """(a) A timestamp in the system prompt, changed on each call: each later call is a
     ``rewrite`` diverging at the independently computed token in ``messages[0].content``,
     cause ``system_prompt_changed``, ranked first in ``/stats`` ``cache.findings`` with the
-    two calls' totals. ``diverged_cost_ms`` is the tokens after the divergence at the proxy's
-    reference rate, the cold call's prefill ms per token: the rewrites prefill fewer tokens
-    than the reference needs, so both are priced at that same rate (on the ``--swa-full``
-    server, where a rewrite is reused up to the change; the session server prefills all of
-    it and the rate moves with each call)."""
+    two calls' totals. It lost what the earlier prompt had after the clock and this one
+    repeats (computed independently), never the changed digits; ``diverged_cost_ms`` is all
+    the tokens after the divergence. Both are priced at the proxy's reference rate, the cold
+    call's prefill ms per token: the rewrites prefill fewer tokens than the reference needs
+    (on the ``--swa-full`` server, where a rewrite is reused up to the change; the session
+    server prefills all of it and the rate moves with each call)."""
     lab = on_swa_full
     nonce = _nonce()
     bodies = [_clock_body(nonce, second) for second in (1, 2, 3)]
@@ -341,10 +360,13 @@ def test_clock_in_system_prompt_is_a_rewrite_of_messages_0(on_swa_full: Lab) -> 
         expected = _expected(lab.upstream, bodies[i], bodies[i + 1])
         _assert_clock_rewrite(record, expected, lab.shown())
         after = record["prompt_tokens"] - record["diverged_at"]
+        lost = _repeated(lab.upstream, bodies[i], bodies[i + 1])
+        assert LOST_MIN_TOKENS <= lost < after, lab.shown()
+        assert record["prefill_lost_tokens"] == lost, lab.shown()
         assert record["prompt_n"] < REFERENCE_MIN_TOKENS, lab.shown()
         rate = reference_rate(lab.records[: lab.records.index(record)], record)
         assert record["diverged_cost_ms"] == pytest.approx(after * rate, rel=1e-4, abs=0.01)
-        assert record["prefill_lost_ms"] == pytest.approx(after * rate, rel=1e-4, abs=0.01)
+        assert record["prefill_lost_ms"] == pytest.approx(lost * rate, rel=1e-4, abs=0.01)
         rates.append(record["diverged_cost_ms"] / after)
     assert rates[0] > 0
     assert rates[0] == pytest.approx(rates[1], rel=1e-4)
@@ -353,7 +375,7 @@ def test_clock_in_system_prompt_is_a_rewrite_of_messages_0(on_swa_full: Lab) -> 
     assert (top["cause"], top["section"]) == ("system_prompt_changed", "messages[0].content")
     assert top["requests"] == 2
     assert top["offset"] == rewrites[-1]["diverged_offset"]
-    assert top["lost_tokens"] == sum(r["prompt_tokens"] - r["diverged_at"] for r in rewrites)
+    assert top["lost_tokens"] == sum(r["prefill_lost_tokens"] for r in rewrites)
     assert top["lost_ms"] == pytest.approx(sum(r["prefill_lost_ms"] for r in rewrites), abs=0.01)
     assert "system prompt" in top["fix"]
 
@@ -379,6 +401,8 @@ def test_reordered_tools_name_the_first_moved_tool(on_session_server: Lab) -> No
     assert record["diverged_section"] == expected.section == "tools[0]:grip", lab.shown()
     assert record["diverged_offset"] == expected.offset, lab.shown()
     assert record["prefill_cause"] == "tools_changed", lab.shown()
+    assert record["prefill_lost_tokens"] == _repeated(lab.upstream, first, second), lab.shown()
+    assert record["prefill_lost_tokens"] > 0, lab.shown()
     assert record["conversation"] == cold["conversation"], lab.shown()
     # the prefix before the change, not reused on this sliding-window server, is its own
     # finding (its fix is --swa-full), when it is long enough to name
@@ -618,7 +642,7 @@ def test_clock_on_sliding_window_server(on_session_server: Lab) -> None:
         ("sliding_window", None),
     }
     changed = findings[("system_prompt_changed", "messages[0].content")]
-    assert changed["lost_tokens"] == record["prompt_tokens"] - record["diverged_at"]
+    assert changed["lost_tokens"] == _repeated(lab.upstream, before, after) > 0
     window = findings[("sliding_window", None)]
     assert window["lost_tokens"] == record["cache_lost_tokens"]
     assert "--swa-full" in window["fix"]

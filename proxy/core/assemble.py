@@ -9,6 +9,7 @@ import orjson
 from proxy.core.record import Kind, Outcome, Record, derive, ms, ratio
 from proxy.core.request import RequestFacts
 from proxy.core.setup import request_limit
+from proxy.core.timings import plausible
 from proxy.core.tracker import Observation, ToolCall
 
 __all__ = ["Exchange", "build_record", "outcome_of", "tool_calls_valid"]
@@ -79,7 +80,8 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         if o.first_token_s is not None and o.last_token_s is not None
         else None
     )
-    derived = derive(o.timings, ttft_ms)
+    timings = plausible(o.timings)
+    derived = derive(timings, ttft_ms)
     tool_tokens = (
         derived["predicted_n"] if o.tool_calls and o.finish_reason == "tool_calls" else None
     )
@@ -92,6 +94,8 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
     recognised = counted and o.recognised
     valid = tool_calls_valid(o.tool_calls, facts.tool_names)
     analysis_error = facts.error or o.analysis_error
+    if timings is not None and timings.implausible and analysis_error is None:
+        analysis_error = "implausible_timings:" + ",".join(timings.implausible)
     if o.oversized_events and analysis_error is None:
         analysis_error = f"oversized_events:{o.oversized_events}"
     return Record(

@@ -14,6 +14,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.core.timings import ServerTimings, valid_count
+
 __all__ = [
     "Kind",
     "Outcome",
@@ -48,56 +50,6 @@ class Outcome(enum.StrEnum):
     REQUEST_TOO_LARGE = "request_too_large"
     SHUTDOWN_ABORTED = "shutdown_aborted"
     PROXY_ERROR = "proxy_error"
-
-
-@dataclass(frozen=True, slots=True)
-class ServerTimings:
-    """llama-server's own clock for one request, from its ``timings`` object."""
-
-    prompt_n: int | None = None
-    prompt_ms: float | None = None
-    cache_n: int | None = None
-    predicted_n: int | None = None
-    predicted_ms: float | None = None
-    draft_n: int | None = None
-    draft_n_accepted: int | None = None
-
-    @classmethod
-    def from_json(cls, obj: Any) -> ServerTimings | None:
-        """Read a ``timings`` object; ``None`` when it is not an object."""
-        if not isinstance(obj, dict):
-            return None
-
-        def num(key: str) -> float | None:
-            v = obj.get(key)
-            if not isinstance(v, int | float) or isinstance(v, bool):
-                return None
-            f = float(v) if -MAX_COUNT <= v <= MAX_COUNT else math.inf
-            return f if math.isfinite(f) and f >= 0 else None
-
-        def count(key: str) -> int | None:
-            return valid_count(obj.get(key))
-
-        return cls(
-            prompt_n=count("prompt_n"),
-            prompt_ms=num("prompt_ms"),
-            cache_n=count("cache_n"),
-            predicted_n=count("predicted_n"),
-            predicted_ms=num("predicted_ms"),
-            draft_n=count("draft_n"),
-            draft_n_accepted=count("draft_n_accepted"),
-        )
-
-
-MAX_COUNT = 2**53
-"""Larger (or negative) counts from an upstream are not believed: they are ``None``."""
-
-
-def valid_count(value: Any) -> int | None:
-    """A token count as an upstream may send it: a non-negative int, else ``None``."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
-        return value
-    return None
 
 
 def ms(seconds: float | None) -> float | None:

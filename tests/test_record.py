@@ -135,7 +135,8 @@ class TestServerTimings:
         assert ServerTimings.from_json(obj) is None
 
     def test_from_json_bad_values_unknown(self) -> None:
-        """Booleans, strings and floats in count fields are unknown (None), not coerced."""
+        """Booleans, strings and floats in count fields are unknown (None), not coerced, and
+        named as implausible."""
         t = ServerTimings.from_json(
             {
                 "prompt_n": True,
@@ -145,7 +146,9 @@ class TestServerTimings:
                 "predicted_ms": "1",
             }
         )
-        assert t == ServerTimings()
+        assert t == ServerTimings(
+            implausible=("prompt_n", "cache_n", "predicted_n", "prompt_ms", "predicted_ms")
+        )
 
 
 class TestDerive:

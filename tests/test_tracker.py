@@ -522,9 +522,12 @@ class TestSSEErrorsAndUsage:
         assert obs.done is True
 
     def test_bool_counts_are_not_counts(self) -> None:
-        """A JSON ``true`` in a timings count field is read as unknown, not as 1."""
+        """A JSON ``true`` in a timings count field is read as unknown, not as 1, and named as
+        implausible."""
         obs = run_sse([(1.0, event({"timings": {"prompt_n": True, "prompt_ms": 12.5}}))])
-        assert obs.timings == ServerTimings(prompt_n=None, prompt_ms=12.5)
+        assert obs.timings == ServerTimings(
+            prompt_n=None, prompt_ms=12.5, implausible=("prompt_n",)
+        )
 
     def test_exception_in_analysis_is_caught(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """An exception in the analysis is kept in analysis_error and bytes are still counted."""

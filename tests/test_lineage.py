@@ -13,7 +13,7 @@ import pytest
 
 from proxy.core.lineage import MIN_SHARED, Changed, PrefixKind, PromptHistory
 from proxy.core.prefix import RenderedPrompt
-from proxy.core.reuse import RUN
+from proxy.core.reuse import MIN_CONTENT, RUN
 from tests.qwen3_toy import (
     BOS,
     MS_PER_TOKEN,
@@ -38,9 +38,10 @@ from tests.qwen3_toy import (
 
 
 def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> int:
-    """The earlier prompt's tokens from ``start`` on that occur in the
-    new prompt from ``start`` on, in runs of at least ``RUN``: each earlier token is marked
-    when some run of ``RUN`` tokens holding it occurs there."""
+    """The earlier prompt's tokens from ``start`` on that occur in the new prompt from
+    ``start`` on: each earlier token is marked when some run of ``RUN`` tokens holding it
+    occurs there; a stretch of marked tokens counts when ``MIN_CONTENT`` of them are the
+    request's own text (the prompt's content mask)."""
     e = ids_of(earlier)
     p = ids_of(new)[start:]
     runs = {tuple(p[j : j + RUN]) for j in range(len(p) - RUN + 1)}
@@ -48,7 +49,15 @@ def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> 
     for i in range(start, len(e) - RUN + 1):
         if tuple(e[i : i + RUN]) in runs:
             marked[i : i + RUN] = [True] * RUN
-    return sum(marked[start:])
+    total, stretch = 0, []
+    for i in range(start, len(e) + 1):
+        if i < len(e) and marked[i]:
+            stretch.append(i)
+            continue
+        if sum(earlier.content[j] for j in stretch) >= MIN_CONTENT:
+            total += len(stretch)
+        stretch = []
+    return total
 
 
 # --- attribution -------------------------------------------------------------------------

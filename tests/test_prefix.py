@@ -358,3 +358,27 @@ class TestLastTurn:
         assert one.messages[1] == two.messages[1]
         assert one.messages[3] == two.messages[2]
         assert one.messages[2] not in two.messages
+
+
+def test_content_mask_marks_the_requests_own_text() -> None:
+    """A token is content exactly when it starts inside a message's text or a tool's JSON
+    line, found here with str.find in the rendering; markup is not."""
+    body = turns(2)[1]
+    prompt = rendered(body)
+    text = text_of(prompt)
+    spans = []
+    for m in body["messages"]:
+        if m.get("content"):
+            at = text.find(m["content"])
+            spans.append((at, at + len(m["content"])))
+    for t in body["tools"]:
+        line = json.dumps(t)
+        at = text.find(line)
+        spans.append((at, at + len(line)))
+    expected = [int(any(a <= s < b for a, b in spans)) for s in prompt.starts]
+    calls = [(s.end - s.length, s.end) for s in prompt.sections if ".tool_calls[" in s.name]
+    for i, s in enumerate(prompt.starts):
+        if any(a <= s < b for a, b in calls):
+            expected[i] = 1
+    assert list(prompt.content) == expected
+    assert 0 < sum(prompt.content) < len(prompt)

@@ -267,8 +267,7 @@ def _clock_body(nonce: str, second: int) -> dict[str, Any]:
     system = (
         f"You are robot arm controller {nonce}. "
         f"Current time: 2026-11-30T22:40:{second:02d}.{second * 37 % 1000:03d}Z. "
-        "Answer briefly. Keep the gripper closed while carrying a part, move at most "
-        "ten centimetres a step, and report each move with its new position."
+        "Answer briefly."
     )
     return {
         **CHAT,

@@ -8,7 +8,7 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.reuse import RUN, repeated_tokens
+from proxy.core.reuse import MIN_CONTENT, RUN, repeated_tokens
 
 
 def as_bytes(ids: list[int]) -> bytes:
@@ -75,3 +75,49 @@ def test_new_content_and_short_runs_are_not_repeated() -> None:
     assert repeated_tokens(as_bytes(earlier), as_bytes(short), 0, 40) == 0
     assert repeated_tokens(as_bytes(earlier), as_bytes(earlier), 0, RUN - 1) == 0
     assert repeated_tokens(as_bytes(earlier), as_bytes(earlier), 0, 40) == 40
+
+
+def naive_with_content(earlier: list[int], new: list[int], start: int, content: list[int]) -> int:
+    """As :func:`naive`, then each stretch of consecutive marked tokens counts only when it
+    holds ``MIN_CONTENT`` tokens whose content flag is 1."""
+    tail = new[start:]
+    marked = [False] * len(earlier)
+    for i in range(start, len(earlier) - RUN + 1):
+        window = earlier[i : i + RUN]
+        if any(tail[j : j + RUN] == window for j in range(len(tail) - RUN + 1)):
+            marked[i : i + RUN] = [True] * RUN
+    total, stretch = 0, []
+    for i in range(start, len(earlier) + 1):
+        if i < len(earlier) and marked[i]:
+            stretch.append(i)
+            continue
+        if sum(content[j] for j in stretch) >= MIN_CONTENT:
+            total += len(stretch)
+        stretch = []
+    return total
+
+
+@given(edited(), st.data())
+def test_with_a_content_mask_equals_the_naive_count(
+    case: tuple[list[int], list[int], int], data: st.DataObject
+) -> None:
+    """With a content mask, a stretch of repeated tokens counts only when it holds enough of
+    the request's own text, as the naive count says."""
+    earlier, new, start = case
+    content = data.draw(st.lists(st.integers(0, 1), min_size=len(earlier), max_size=len(earlier)))
+    got = repeated_tokens(as_bytes(earlier), as_bytes(new), start, len(earlier), bytes(content))
+    assert got == naive_with_content(earlier, new, start, content)
+
+
+def test_shared_template_markup_alone_is_not_repeated() -> None:
+    """Two unrelated prompts that end with the same 20 tokens of template markup (a
+    generation prompt that the tokenizer cuts into plain-text pieces) repeat nothing; the
+    same run holding the request's own text is repeated."""
+    markup = list(range(500, 520))
+    earlier = [1, 2, 3, *range(100, 130), *markup]
+    new = [1, 2, 3, *range(200, 240), *markup]
+    content = [0, 0, 0, *[1] * 30, *[0] * 20]
+    assert repeated_tokens(as_bytes(earlier), as_bytes(new), 3, len(earlier), bytes(content)) == 0
+    assert repeated_tokens(as_bytes(earlier), as_bytes(new), 3, len(earlier)) == 20
+    text = [0, 0, 0, *[1] * 30, *[1] * 10, *[0] * 10]
+    assert repeated_tokens(as_bytes(earlier), as_bytes(new), 3, len(earlier), bytes(text)) == 20

@@ -309,7 +309,7 @@ def _classify(
         if not prompt.completes_a_section(shared):
             return _Verdict(PrefixKind.COLD)
         return _Verdict(PrefixKind.BRANCH, unknown=not ours_last)
-    repeated = repeated_tokens(earlier.tokens, prompt.tokens, shared, len(earlier))
+    repeated = repeated_tokens(earlier.tokens, prompt.tokens, shared, len(earlier), earlier.content)
     if repeated == 0 and not _shares_history(prompt, earlier):
         # nothing the earlier prompt had after the difference is here, not one of its
         # messages: another task on the same prefix, whose own earlier turns were not seen

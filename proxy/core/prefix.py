@@ -206,6 +206,9 @@ class RenderedPrompt:
     share, wherever they sit."""
     last_turn: int = 0
     """The first message of the last turn (``len(roles)`` when it holds none)."""
+    content: bytes = b""
+    """One byte per token: 1 where the token starts in a section's own text (a message's
+    content, a tool's JSON), 0 in the template's markup."""
 
     @staticmethod
     def build(
@@ -235,6 +238,7 @@ class RenderedPrompt:
             roles=roles,
             messages=tuple(_message_digest(m) for m in messages),
             last_turn=_last_turn(roles),
+            content=_content_mask(starts, sections),
         )
 
     def __len__(self) -> int:
@@ -244,7 +248,8 @@ class RenderedPrompt:
     def nbytes(self) -> int:
         """About what this prompt holds in memory."""
         text = len(self.text) if self.text is not None else 0
-        return len(self.tokens) + 4 * len(self.starts) + text + 64 * len(self.sections) + 256
+        tokens = len(self.tokens) + 4 * len(self.starts) + len(self.content)
+        return tokens + text + 64 * len(self.sections) + 256
 
     def section_at(self, token: int) -> tuple[str, int]:
         """The section holding token ``token`` (no BOS counted), and the character offset of
@@ -289,6 +294,19 @@ class RenderedPrompt:
     def digest(self) -> str:
         """A short name of the token sequence."""
         return hashlib.sha256(self.tokens).hexdigest()[:12]
+
+
+def _content_mask(starts: Sequence[int], sections: Sequence[Section]) -> bytes:
+    """1 for each token starting inside a section's own text, else 0."""
+    spans = sorted((s.end - s.length, s.end) for s in sections if s.length)
+    mask = bytearray(len(starts))
+    i = 0
+    for token, char in enumerate(starts):
+        while i < len(spans) and spans[i][1] <= char:
+            i += 1
+        if i < len(spans) and spans[i][0] <= char:
+            mask[token] = 1
+    return bytes(mask)
 
 
 def _message_digest(message: dict[str, Any]) -> str:

@@ -17,8 +17,10 @@ import orjson
 import pytest
 
 from proxy.commands.provision import LlamaServer
+from proxy.core.assemble import Exchange, build_record
 from proxy.core.dialects.messages import MESSAGES
-from proxy.core.record import ServerTimings
+from proxy.core.record import Outcome, Record, ServerTimings
+from proxy.core.request import analyse_request
 from proxy.core.tracker import Observation, StreamTracker, ToolCall
 
 MODEL = "gemma3"
@@ -342,6 +344,106 @@ class TestBody:
         obs = track([data], sse=False)
         assert obs.upstream_error == "server_error:500"
         assert obs.tool_calls == () and obs.timings is None and obs.finish_reason is None
+
+
+# --- a turn cut by its token limit: the record ---------------------------------------------
+# llama-server's shapes for a get_weather call with max_tokens 22 (seen: the fragments stop at
+# `{"city": "Paris`, stop_reason max_tokens, output_tokens 22; the body's input is {}).
+
+CUT = ["{", '"', "city", '":', ' "', "Paris"]
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def tool_request(limit: int, *, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": limit,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER],
+        "stop_sequences": ["</tool_call>"],
+        "stream": stream,
+    }
+
+
+def record_of(body: dict[str, Any], chunks: list[bytes], *, sse: bool = True) -> Record:
+    """The record of ``chunks`` answering ``body`` on /v1/messages, as the relay builds it."""
+    raw = orjson.dumps(body)
+    facts = analyse_request("POST", "/v1/messages", raw)
+    obs = track(chunks, sse=sse)
+    exchange = Exchange("r", "t", "POST", "/v1/messages", 200, Outcome.COMPLETED, 9.0, len(raw))
+    return build_record(exchange, facts, obs)
+
+
+def use(input_: dict[str, Any], name: str = "get_weather") -> dict[str, Any]:
+    return {"type": "tool_use", "id": "cYjv" + "x" * 28, "name": name, "input": input_}
+
+
+class TestTokenLimit:
+    def test_a_streamed_call_cut_inside_its_arguments_is_truncated(self) -> None:
+        """Fragments stopping at `{"city": "Paris`, then max_tokens at 22 of 22: "length",
+        truncated, not valid."""
+        chunks = [message_start(), *call_chunks(0, CUT), block_stop(0) + ending("max_tokens", 22)]
+        r = record_of(tool_request(22), chunks)
+        cut = ("length", True, False)
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == cut
+        assert (r.tool_calls, r.predicted_n, r.tool_call_tokens) == (1, 22, None)
+
+    def test_a_body_cut_inside_the_call_is_truncated(self) -> None:
+        """Not streamed, llama-server writes ``input: {}`` for the cut arguments: the call
+        is the ``{}`` the agent got (valid JSON), and the turn, ended by max_tokens with that
+        last call, is truncated inside it."""
+        data = body([use({})], "max_tokens", 22)
+        r = record_of(tool_request(22, stream=False), [data], sse=False)
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == ("length", True, True)
+        assert track([data], sse=False).tool_calls == (ToolCall(0, "get_weather", "{}"),)
+
+    def test_a_whole_call_is_untouched(self) -> None:
+        """The same call with tokens to spare (stream and body, tool_use): "tool_calls", not
+        truncated, valid."""
+        whole = ['{"', "city", '":', ' "', "Paris", '"}']
+        chunks = [message_start(), *call_chunks(0, whole), block_stop(0) + ending("tool_use", 30)]
+        streamed = record_of(tool_request(100), chunks)
+        data = body([use({"city": "Paris"})], "tool_use", 30)
+        whole_body = record_of(tool_request(100, stream=False), [data], sse=False)
+        for r in (streamed, whole_body):
+            assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == (
+                "tool_calls",
+                False,
+                True,
+            )
+            assert r.tool_call_tokens == 30
+
+    def test_whole_calls_then_the_limit_are_not_truncated(self) -> None:
+        """Calls whose inputs are whole when max_tokens ends the turn (the model was
+        writing markup after them) stay valid and not truncated; an empty input before the
+        last call is no cut (only the last call can have been cut)."""
+        data = body([use({}, "get_time"), use({"city": "Paris"})], "max_tokens", 64)
+        request = tool_request(64, stream=False)
+        request["tools"] = [*request["tools"], {"name": "get_time", "input_schema": {}}]
+        r = record_of(request, [data], sse=False)
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == (
+            "length",
+            False,
+            True,
+        )
+        obs = track([data], sse=False)
+        assert obs.tool_calls == (
+            ToolCall(0, "get_time", "{}"),
+            ToolCall(1, "get_weather", '{"city":"Paris"}'),
+        )
+        assert not obs.call_cut
+
+    def test_an_empty_input_the_model_meant_is_no_cut(self) -> None:
+        """A last call with ``input: {}`` in a turn that ended by tool_use (a tool without
+        arguments) is no cut call."""
+        data = body([use({"city": "Paris"}), use({}, "get_time")], "tool_use", 40)
+        assert not track([data], sse=False).call_cut
+        assert not MESSAGES.body_call_cut(orjson.loads(body([use({})], "end_turn", 9)))
+        assert MESSAGES.body_call_cut(orjson.loads(body([use({})], "max_tokens", 9)))
 
 
 class TestReaders:

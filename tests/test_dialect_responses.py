@@ -12,9 +12,11 @@ import orjson
 import pytest
 
 from proxy.commands.provision import LlamaServer
+from proxy.core.assemble import Exchange, build_record
 from proxy.core.dialects import Dialect
 from proxy.core.dialects.responses import RESPONSES, new_call_reader
-from proxy.core.record import ServerTimings
+from proxy.core.record import Outcome, Record, ServerTimings
+from proxy.core.request import analyse_request
 from proxy.core.tracker import Observation, StreamTracker, ToolCall
 
 FC = "fc_CkQlX2"
@@ -424,6 +426,127 @@ class TestUsage:
         """A usage-looking key elsewhere (e.g. inside response.created) is not read."""
         created = {"type": "response.created", "response": {"usage": usage()}}
         assert RESPONSES.usage(created) is None
+
+
+# --- a turn cut by its token limit: the record ---------------------------------------------
+# The shapes are llama-server's for a get_weather call with max_output_tokens 22 (seen: the
+# arguments stop at `{"city": "Paris`, output_tokens 22, status and item status "completed")
+# and 100 (the whole call in 30 tokens).
+
+CUT = '{"city": "Paris'
+WHOLE = '{"city": "Paris"}'
+
+
+def tool_request(limit: int | None) -> dict[str, Any]:
+    """A streamed get_weather request, with ``max_output_tokens`` unless ``limit`` is None."""
+    body: dict[str, Any] = {"model": "gemma3", "input": "Weather in Paris?", "tools": [WEATHER]}
+    body |= {"parallel_tool_calls": False, "temperature": 0, "stream": True}
+    return body if limit is None else body | {"max_output_tokens": limit}
+
+
+def final(output: list[dict[str, Any]], n: int, **fields: Any) -> bytes:
+    """``response.completed`` as llama-server sends it after ``n`` generated tokens."""
+    response = {**RESP, "created_at": 1, "status": "completed", "model": "gemma3"}
+    response |= {"output": output, "usage": usage(prompt=220, cached=215, output=n)} | fields
+    timings = TIMINGS | {"cache_n": 215, "predicted_n": n}
+    return ev({"type": "response.completed", "response": response, "timings": timings})
+
+
+def call_stream(arguments: str, n: int, status: str = "completed") -> list[bytes]:
+    """A get_weather call streamed token by token (its deltas, up to ``Paris`` for the cut
+    arguments) whose final batch says ``arguments`` with item ``status`` after ``n`` tokens."""
+    pieces = ["{", '"', "city", '":', ' "', "Paris", '"', "}"][: 6 if arguments == CUT else 8]
+    assert "".join(pieces) == arguments
+    item = call_item(FC, "get_weather", arguments, status)
+    ending = ev({"type": "response.output_item.done", "item": item}) + final([item], n)
+    return (
+        [start(), call_added(FC, "get_weather") + args(pieces[0])]
+        + [args(p) for p in pieces[1:]]
+        + [ending]
+    )
+
+
+def record_of(body: dict[str, Any], chunks: list[bytes], *, sse: bool = True) -> Record:
+    """The record of ``chunks`` answering ``body`` on /v1/responses, as the relay builds it."""
+    raw = orjson.dumps(body)
+    facts = analyse_request("POST", "/v1/responses", raw)
+    obs = observe(chunks, facts.dialect, sse=sse)
+    exchange = Exchange("r", "t", "POST", "/v1/responses", 200, Outcome.COMPLETED, 9.0, len(raw))
+    return build_record(exchange, facts, obs)
+
+
+class TestTokenLimit:
+    @pytest.mark.parametrize("status", ["completed", "incomplete", "in_progress"])
+    def test_a_call_cut_inside_its_arguments_is_truncated(self, status: str) -> None:
+        """Arguments stopping at `{"city": "Paris` with output_tokens at the request's
+        max_output_tokens: finish "length" (as Chat Completions says for the same
+        generation), tool_call_truncated, not valid, no tool_call_tokens, whatever status
+        the function_call item says."""
+        r = record_of(tool_request(22), call_stream(CUT, 22, status))
+        cut = ("length", True, False)
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == cut
+        assert (r.tool_calls, r.predicted_n, r.max_tokens, r.tool_call_tokens) == (1, 22, 22, None)
+
+    def test_a_call_with_tokens_to_spare_is_untouched(self) -> None:
+        """The same call with max_output_tokens 100, done in 30 tokens: "tool_calls", not
+        truncated, valid, and its 30 tokens are the call's."""
+        r = record_of(tool_request(100), call_stream(WHOLE, 30))
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == (
+            "tool_calls",
+            False,
+            True,
+        )
+        assert r.tool_call_tokens == 30
+
+    def test_a_whole_call_at_the_limit_is_length_but_not_truncated(self) -> None:
+        """A call whose arguments are whole when the limit is reached (24 tokens, limit 24):
+        "length", as Chat Completions says, but no truncated call."""
+        r = record_of(tool_request(24), call_stream(WHOLE, 24))
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == (
+            "length",
+            False,
+            True,
+        )
+
+    def test_without_a_limit_the_response_is_taken_at_its_word(self) -> None:
+        """A request without max_output_tokens gives no limit to reach: the dialect's
+        "tool_calls" stands (and the cut arguments are only not valid)."""
+        r = record_of(tool_request(None), call_stream(CUT, 22))
+        assert (r.finish_reason, r.tool_call_truncated, r.tool_call_valid) == (
+            "tool_calls",
+            False,
+            False,
+        )
+
+    def test_the_body_of_a_cut_call(self) -> None:
+        """Not streamed: llama-server's body (status completed, the call's arguments cut,
+        usage output_tokens 22 of 22) is a truncated call finished by "length"."""
+        item = call_item(FC, "get_weather", CUT, "completed")
+        response = {"completed_at": 1, "created_at": 1, "id": "resp_FLjB", "model": "gemma3"}
+        response |= {"object": "response", "output": [item], "status": "completed"}
+        response |= {"usage": usage(prompt=220, cached=215, output=22)}
+        body = tool_request(22) | {"stream": False}
+        r = record_of(body, [orjson.dumps(response)], sse=False)
+        assert (r.finish_reason, r.tool_call_truncated, r.predicted_n) == ("length", True, 22)
+
+    def test_a_server_that_says_incomplete(self) -> None:
+        """A server that states the cut (OpenAI's: status "incomplete", incomplete_details
+        max_output_tokens) needs no request limit: "length", truncated."""
+        details = {"reason": "max_output_tokens"}
+        item = call_item(FC, "get_weather", CUT, "incomplete")
+        ending = final([item], 22, status="incomplete", incomplete_details=details)
+        r = record_of(tool_request(None), [*call_stream(CUT, 22)[:-1], ending])
+        assert (r.finish_reason, r.tool_call_truncated) == ("length", True)
+
+    def test_a_text_turn_at_the_limit_is_length(self) -> None:
+        """A text turn (no tools) whose 3 tokens reached max_output_tokens 3: "length",
+        where the response alone says nothing; no truncation field (not a tool turn)."""
+        body = {"model": "gemma3", "input": "Hi", "max_output_tokens": 3, "stream": True}
+        chunks = [start() + text_item() + text("<"), text("|"), text("im") + final([], 3)]
+        r = record_of(body, chunks)
+        assert (r.finish_reason, r.tool_call_truncated) == ("length", None)
+        spare = record_of(body | {"max_output_tokens": 16}, chunks)
+        assert (spare.finish_reason, spare.tool_call_truncated) == (None, None)
 
 
 JUNK: list[dict[str, Any]] = [

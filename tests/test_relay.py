@@ -7,6 +7,7 @@ import base64
 import re
 import time
 from asyncio import selector_events
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -22,7 +23,9 @@ from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import (
     DONE,
     PING,
+    SSE_HEADERS,
     FakeUpstream,
+    SeenRequest,
     all_recordings,
     chat_event,
     die_after,
@@ -36,6 +39,7 @@ from tests.fakes import (
     sse,
     stall_after,
 )
+from tests.fakes import Script as FakeScript
 
 Proxied = tuple[FakeUpstream, ProxyUnderTest]
 
@@ -355,6 +359,84 @@ class TestClientHangUp:
         await _wait_record(proxy)
         r = proxy.captured.last
         assert r.outcome is Outcome.CLIENT_CLOSED and r.ttfb_ms is not None
+
+
+@dataclass
+class HeldOpen:
+    """A fake upstream's stream that stays open ``hold_s`` after its last event, and the
+    fake's own clock (``time.monotonic``) at the moment it began to end the stream."""
+
+    events: bytes
+    hold_s: float
+    closing_at: float | None = None
+
+    def script(self) -> FakeScript:
+        async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
+            resp = web.StreamResponse(headers=dict(SSE_HEADERS))
+            await resp.prepare(request)
+            await resp.write(self.events)
+            await asyncio.sleep(self.hold_s)
+            self.closing_at = time.monotonic()
+            await resp.write_eof()
+            return resp
+
+        return script
+
+
+class TestWhereTheRecordEnds:
+    """A completed exchange ends at the last byte written to the agent, not when the
+    upstream ends its stream (llama-server closes some time after its last event).
+
+    The proxy's clock starts before the fake gets the request (``seen.received_at``), so
+    ``received_at + e2e`` on the fake's clock is no earlier than the record's end."""
+
+    async def test_upstream_held_open_after_its_last_event(self, proxied: Proxied) -> None:
+        """The upstream keeps its connection 0.5 s after ``[DONE]``: the record ends
+        before the upstream began to close, and not before the last event arrived."""
+        upstream, proxy = proxied
+        held = HeldOpen(load_recording("chat_stream").body, 0.5)
+        upstream.script = held.script()
+        resp = await proxy.client.post("/v1/chat/completions", data=CHAT_BODY)
+        assert (await resp.read()).endswith(DONE)
+        await _wait_record(proxy)
+        r, obs = proxy.captured.last, proxy.captured.observations[-1]
+        assert r.outcome is Outcome.COMPLETED and r.e2e_ms is not None
+        assert held.closing_at is not None and obs is not None and obs.last_byte_s is not None
+        assert upstream.seen[0].received_at + r.e2e_ms / 1000 < held.closing_at
+        assert r.e2e_ms >= obs.last_byte_s * 1000
+
+    async def test_agent_leaving_after_done_while_the_upstream_holds(
+        self, proxied: Proxied
+    ) -> None:
+        """An agent that has ``[DONE]`` waits 0.3 s and hangs up while the upstream still
+        holds its connection: a completed exchange, ended before the agent hung up."""
+        upstream, proxy = proxied
+        events = load_recording("chat_stream").body
+        upstream.script = HeldOpen(events, 30).script()
+        reader, writer = await _raw_request(proxy.url, CHAT_BODY)
+        await reader.readuntil(DONE)
+        await asyncio.sleep(0.3)
+        writer.close()
+        hung_up = time.monotonic()
+        await _wait_record(proxy)
+        r = proxy.captured.last
+        assert r.outcome is Outcome.COMPLETED and r.e2e_ms is not None
+        assert upstream.seen[0].received_at + r.e2e_ms / 1000 < hung_up
+
+    async def test_upstream_ending_with_its_last_event(self, proxied: Proxied) -> None:
+        """An upstream that ends right after its last event (nothing wrong): the record
+        ends after that event arrived and was forwarded, as before."""
+        upstream, proxy = proxied
+        rec = load_recording("chat_stream")
+        upstream.script = replay(rec)
+        resp = await proxy.client.post(rec.request_path, data=rec.request_body)
+        assert await resp.read() == rec.body
+        await _wait_record(proxy)
+        r, obs = proxy.captured.last, proxy.captured.observations[-1]
+        assert r.outcome is Outcome.COMPLETED and r.e2e_ms is not None
+        assert obs is not None and obs.last_byte_s is not None
+        assert r.e2e_ms >= obs.last_byte_s * 1000
+        assert r.ttft_ms is not None and r.ttft_ms <= r.e2e_ms
 
 
 class TestObservation:

@@ -8,6 +8,8 @@ import asyncio
 import errno
 import gc
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +20,10 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 import proxy.serve.app
+from proxy.commands.cli import error_line
 from proxy.commands.ports import free_port
 from proxy.config import Config, load_config
+from proxy.serve.app import PortInUse
 from proxy.serve.keys import BACKGROUND
 from proxy.serve.tasks import spawn
 from tests.run_app import run_app_arguments
@@ -84,9 +88,14 @@ class TestStartedAndStopped:
         assert logs == []
 
 
+AGENT_HINT = "choose another with --listen HOST:PORT or [server] port in the config"
+ADMIN_HINT = "choose another with --admin-listen HOST:PORT or [admin] listen in the config"
+
+
 def test_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str) -> None:
     """``run`` on a port another socket listens on raises the bind's ``OSError`` (the CLI
-    turns it into one line), after cleaning up, with no ``proxy_started`` before it."""
+    turns it into one line), after cleaning up, with no ``proxy_started`` before it; the
+    error names the agent's listener, and its line the agent's flag and config key only."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -98,11 +107,17 @@ def test_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str) -> No
             asyncio.set_event_loop(None)  # run_app left its closed loop as the current one
     assert raised.value.errno == errno.EADDRINUSE
     assert logs == []
+    assert isinstance(raised.value, PortInUse) and raised.value.listener == "server"
+    line = error_line(raised.value)
+    assert f"127.0.0.1', {port}" in line and "address already in use" in line
+    assert line.endswith(f"(another process holds that port: {AGENT_HINT})")
+    assert "--admin-listen" not in line and "[admin]" not in line
 
 
 def test_admin_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str) -> None:
     """The admin listener's port held by another socket stops the start the same way:
-    the bind's ``OSError`` out of ``run``, nothing logged."""
+    the bind's ``OSError`` out of ``run``, nothing logged; the error names the admin
+    listener, and its line ``--admin-listen`` and ``[admin] listen``, not the agent's."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -114,6 +129,47 @@ def test_admin_port_in_use_raises_out_of_run_and_logs_nothing(refusing_url: str)
             asyncio.set_event_loop(None)
     assert raised.value.errno == errno.EADDRINUSE
     assert logs == []
+    assert isinstance(raised.value, PortInUse) and raised.value.listener == "admin"
+    line = error_line(raised.value)
+    assert f"127.0.0.1', {port}" in line and "address already in use" in line
+    assert line.endswith(f"(another process holds that port: {ADMIN_HINT})")
+    assert "with --listen" not in line and "[server]" not in line
+
+
+def test_serve_with_its_admin_port_in_use_names_the_admin_flag() -> None:
+    """``timing-proxy serve`` whose admin port another process holds exits 2 with one
+    line that tells the user to change ``--admin-listen`` / ``[admin] listen``."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "proxy", "serve", "--listen", "127.0.0.1:0"),
+                *("--admin-listen", f"127.0.0.1:{port}", "--upstream", "http://127.0.0.1:9"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith("timing-proxy: error: ")
+    assert done.stderr.strip().endswith(f"(another process holds that port: {ADMIN_HINT})")
+    assert "proxy_started" not in done.stdout + done.stderr
+
+
+def test_other_errors_keep_their_own_line() -> None:
+    """An ``OSError`` that is no port in use is its own message, with no listener hint;
+    a bare ``EADDRINUSE`` (not from a listener ``run`` names) keeps the agent's hint."""
+    missing = OSError(errno.ENOENT, "No such file or directory", "/nowhere/config.toml")
+    assert error_line(missing) == "/nowhere/config.toml: No such file or directory"
+    refused = OSError(errno.EADDRNOTAVAIL, "cannot assign requested address")
+    assert error_line(refused) == "cannot assign requested address"
+    bare = OSError(errno.EADDRINUSE, "address already in use")
+    assert error_line(bare).endswith(f"(another process holds that port: {AGENT_HINT})")
 
 
 @dataclass

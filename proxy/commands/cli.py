@@ -327,13 +327,26 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+_LISTENERS = {
+    "server": "--listen HOST:PORT or [server] port",
+    "admin": "--admin-listen HOST:PORT or [admin] listen",
+}
+"""How to choose another address for each listener (by its config section): the flag of
+``serve`` and the config key."""
+
+
 def error_line(exc: BaseException) -> str:
     """The one line a user sees for ``exc``: its message's first line (later lines carry a
-    log's tail, whose path the first line names); a port in use says how to pick another."""
+    log's tail, whose path the first line names); a port in use says how to pick another
+    for the listener that could not bind (the agent's, unless the error names another)."""
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        from proxy.serve.app import PortInUse  # here: the other commands never load the app
+
+        listener = exc.listener if isinstance(exc, PortInUse) else "server"
+        choose = _LISTENERS.get(listener, _LISTENERS["server"])
         return (
             f"{exc.strerror or exc} (another process holds that port: choose another with "
-            "--listen HOST:PORT or [server] port in the config)"
+            f"{choose} in the config)"
         )
     if isinstance(exc, OSError) and exc.strerror:
         where = f"{exc.filename}: " if exc.filename is not None else ""

@@ -12,7 +12,7 @@ from proxy.core.setup import request_limit
 from proxy.core.timings import plausible
 from proxy.core.tracker import Observation, ToolCall
 
-__all__ = ["Exchange", "build_record", "outcome_of", "tool_calls_valid"]
+__all__ = ["Exchange", "build_record", "finish_reason", "outcome_of", "tool_calls_valid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +63,28 @@ def _span(first: float | None, last: float | None) -> float | None:
     return None if first is None or last is None else last - first
 
 
-def _truncated(facts: RequestFacts, o: Observation, valid: bool | None) -> bool | None:
-    """A tool turn ended by its token limit while a call's arguments were open or not valid
-    JSON; ``False`` for a tool turn that did not; ``None`` for any other request."""
+def finish_reason(facts: RequestFacts, stated: str | None, output: int | None) -> str | None:
+    """The turn's finish reason: the one the response stated, or ``length`` when its output
+    count reached the request's token limit and the response stated none, or stated one
+    that is not its server's word on a cut (the dialect's ``states_limit``: llama-server's
+    Responses API says ``completed`` after a cut)."""
+    if stated == "length" or output is None:
+        return stated
+    limit = request_limit(facts.body)
+    if limit is None or output < limit:
+        return stated
+    return "length" if stated is None or not facts.dialect.states_limit else stated
+
+
+def _truncated(
+    facts: RequestFacts, o: Observation, finish: str | None, valid: bool | None
+) -> bool | None:
+    """A tool turn ended by its token limit inside a call: its arguments open or not valid
+    JSON, or the body says so otherwise (``call_cut``); ``False`` for a tool turn that did
+    not; ``None`` for any other request."""
     if facts.kind is not Kind.TOOL:
         return None
-    return o.finish_reason == "length" and bool(o.tool_calls) and valid is not True
+    return finish == "length" and bool(o.tool_calls) and (valid is not True or o.call_cut)
 
 
 def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> Record:
@@ -82,9 +98,8 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
     )
     timings = plausible(o.timings)
     derived = derive(timings, ttft_ms)
-    tool_tokens = (
-        derived["predicted_n"] if o.tool_calls and o.finish_reason == "tool_calls" else None
-    )
+    finish = finish_reason(facts, o.finish_reason, derived["predicted_n"])
+    tool_tokens = derived["predicted_n"] if o.tool_calls and finish == "tool_calls" else None
     call_span = (
         o.tool_call_s - o.first_event_s
         if o.tool_call_s is not None and o.first_event_s is not None and facts.stream
@@ -126,9 +141,9 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         reasoning_share=ratio(ms(_span(o.reasoning_first_s, o.reasoning_last_s)), ms(o.tool_call_s))
         if o.tool_calls
         else None,
-        tool_call_truncated=_truncated(facts, o, valid) if recognised else None,
+        tool_call_truncated=_truncated(facts, o, finish, valid) if recognised else None,
         tool_decode_tok_s=ratio(tool_tokens - 1, call_span) if tool_tokens and call_span else None,
-        finish_reason=o.finish_reason,
+        finish_reason=finish,
         events=o.events if counted else None,
         token_events=o.token_events if recognised else None,
         request_bytes=ex.request_bytes,

@@ -94,6 +94,9 @@ class Observation:
     reasoning_text: str | None = None
     """The reasoning (thinking) the model streamed, joined; ``None`` when there was none or
     it was over :data:`MAX_REASONING_BYTES`. Model output: counted, never logged."""
+    call_cut: bool = False
+    """A whole body showed its last call cut by the token limit where the call's arguments
+    do not (the dialect's ``body_call_cut``)."""
 
 
 @dataclass(slots=True)
@@ -153,6 +156,7 @@ class StreamTracker:
         self._finish: str | None = None
         self._calls: dict[int, _Call] = {}
         self._error: str | None = None
+        self._call_cut = False
         self._analysis_error: str | None = skip
         self._done = False
         # the fast path: the spec of this dialect (None: none), the template learnt from the
@@ -497,6 +501,7 @@ class StreamTracker:
         if calls is not None:
             self._merge_tool_deltas(calls)
             self._tool_time = self._last_byte
+            self._call_cut = self._dialect.body_call_cut(obj)
 
     def finish(self) -> Observation:
         """End of the response (clean or not): what was seen."""
@@ -554,6 +559,7 @@ class StreamTracker:
             reasoning_first_s=self._reasoning_first,
             reasoning_last_s=self._reasoning_last,
             reasoning_text=self._reasoning_joined(),
+            call_cut=self._call_cut,
         )
 
     def _reasoning_joined(self) -> str | None:

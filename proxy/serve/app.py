@@ -10,6 +10,7 @@ relaying application's state. :func:`run` serves both until SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import threading
 import time
@@ -66,6 +67,7 @@ __all__ = [
     "SESSION",
     "SINKS",
     "STATS",
+    "PortInUse",
     "build_admin_app",
     "build_app",
     "run",
@@ -73,6 +75,20 @@ __all__ = [
 ]
 
 Clock = Callable[[], float]
+
+
+class PortInUse(OSError):
+    """A listener's address is held by another socket: the bind's error (``errno``
+    ``EADDRINUSE`` and its message), and which listener failed, named by the config section
+    that sets its address: ``server`` (the agent's) or ``admin`` (the pages')."""
+
+    def __init__(self, cause: OSError, listener: str) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.listener = listener
+
+
+def _in_use(exc: OSError) -> bool:
+    return exc.errno == errno.EADDRINUSE and not isinstance(exc, PortInUse)
 
 
 def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Application:
@@ -269,7 +285,12 @@ def _admin_listener(app: web.Application) -> AsyncIterator[None]:
     async def serve() -> AsyncIterator[None]:
         host, port = parse_listen(app[CONFIG].admin.listen)
         admin = AdminThread(build_admin_app(app), host, port)
-        await admin.start()
+        try:
+            await admin.start()
+        except OSError as exc:
+            if _in_use(exc):
+                raise PortInUse(exc, "admin") from exc
+            raise
         try:
             yield
         finally:
@@ -283,7 +304,8 @@ def run(config: Config) -> None:
 
     ``proxy_started`` is logged once both sockets listen. When one cannot be bound (the
     port is in use) the ``OSError`` propagates from here, after the app was cleaned up, with
-    nothing logged before it.
+    nothing logged before it: a :class:`PortInUse` naming the listener when its port is
+    held by another socket.
     """
     app = build_app(config)
     app[ADMIN_READY] = threading.Event()
@@ -302,4 +324,9 @@ def run(config: Config) -> None:
         # run_app calls ``print`` after every site has started: the only hook after binding
         "print": announcer.started,
     }
-    web.run_app(app, **kwargs)
+    try:
+        web.run_app(app, **kwargs)
+    except OSError as exc:
+        if _in_use(exc):  # the admin listener's is one already: this is the agent's bind
+            raise PortInUse(exc, "server") from exc
+        raise

@@ -104,6 +104,9 @@ class _Flight:
     body: bytes | None = None
     """The request body while its analysis waits for the request to be on its way (until
     then the facts are its method's and path's; :func:`not_streamed` said it is no stream)."""
+    sent: float | None = None
+    """Clock time the last body bytes were written to the agent: where a completed exchange
+    ends (the agent has all of it then, whenever the upstream closes)."""
 
 
 class Relay:
@@ -326,6 +329,8 @@ class Relay:
             self._track(upstream, flight)
             flight.outcome = _client_gone(flight)
             return resp
+        if sent:
+            flight.sent = self._clock()
         self._track(upstream, flight).feed(sent, arrived)
         return None
 
@@ -382,6 +387,7 @@ class Relay:
             except ConnectionError:
                 flight.outcome = _client_gone(flight)
                 return resp
+            flight.sent = clock()  # the exchange's end so far: the upstream's may come later
             tracker.feed(chunk, arrived)
         return await self._end(resp, flight, deadlines)
 
@@ -438,8 +444,8 @@ class Relay:
             )
         return True
 
-    @staticmethod
     async def _send(
+        self,
         resp: web.StreamResponse,
         flight: _Flight,
         deadlines: Deadlines[Outcome],
@@ -456,6 +462,7 @@ class Relay:
             except ConnectionError:
                 flight.outcome = _client_gone(flight)
                 return False
+            flight.sent = self._clock()
         if fed and flight.tracker is not None:
             flight.tracker.feed(fed, arrived)
         return True
@@ -645,8 +652,9 @@ class Relay:
         ended meanwhile (at the latest :data:`HANDOFF_MAX_DELAY_S` after the oldest ended).
         (A reply not sent yet when the handler ends, a refusal or an error, has its record
         built at once, after those waiting, as before: its client may look for it on
-        arrival.)"""
-        self._finishing.append((request, flight, self._clock()))
+        arrival.) A completed exchange ends when its last body bytes went to the agent."""
+        end = flight.sent if flight.outcome is Outcome.COMPLETED else None
+        self._finishing.append((request, flight, self._clock() if end is None else end))
         loop = asyncio.get_running_loop()
         self._last_end = now = loop.time()
         if self._waiting_since is None:

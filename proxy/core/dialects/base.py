@@ -73,7 +73,8 @@ def top_level_error(obj: dict[str, Any]) -> str | None:
 
 
 def never(obj: dict[str, Any]) -> bool:
-    """No parsed event ends the stream (the end, if any, is :attr:`Dialect.end_data`)."""
+    """No: no parsed event ends the stream (the end, if any, is :attr:`Dialect.end_data`),
+    no body shows a cut call its arguments do not."""
     return False
 
 
@@ -128,10 +129,20 @@ class Dialect:
     its template runs: ``/apply-template``, which finds where the tools block sits, takes
     only that form."""
     image_parts: Callable[[dict[str, Any]], list[ImagePart]] | None = None
+    """The image parts of a request body, in the order its rendered prompt holds them (None:
+    the API carries no images the proxy accounts for)."""
     reasoning: re.Pattern[bytes] | None = None
     """Matches the raw bytes of an event that carries reasoning (thinking) text, or None: the
     API has none. Only searched in token events."""
     reasoning_text: Callable[[dict[str, Any]], str | None] | None = None
     """The reasoning text a parsed event (a delta) or a whole body states, or None."""
-    """The image parts of a request body, in the order its rendered prompt holds them (None:
-    the API carries no images the proxy accounts for)."""
+    body_call_cut: Callable[[dict[str, Any]], bool] = never
+    """Whether a whole (non-streamed) body shows its last call cut by the token limit where
+    the call's arguments cannot show it (llama-server's Messages body writes ``input: {}``
+    for arguments that do not parse)."""
+    states_limit: bool = True
+    """The finish reason read is the server's own word, a cut by the token limit included.
+    False where a server ends a turn at the request's limit without saying so (llama-server's
+    Responses API says ``status: "completed"``, and ``tool_calls`` is read from the output
+    items): a turn whose output count reached the request's limit then finished by
+    ``length`` (the record's finish reason), whatever the response said."""

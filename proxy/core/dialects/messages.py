@@ -21,7 +21,9 @@ index (1, 2, ...) rather than a call number; the calls' order is the same. A bod
 numbered 0, 1, 2 in order. A body's ``tool_use`` blocks carry ``input`` as parsed JSON, so
 their arguments are re-serialised (compact JSON of ``input``), not the model's own text: their
 length can differ from the same call's streamed fragments, and arguments llama-server could
-not parse come back as ``{}``.
+not parse come back as ``{}``. A call cut by ``max_tokens`` inside its arguments is such a
+``{}``: a body whose ``stop_reason`` is ``max_tokens`` and whose last call's ``input`` is
+``{}`` shows its last call cut (:func:`_body_call_cut`), as the same stream's fragments do.
 """
 
 from __future__ import annotations
@@ -124,6 +126,20 @@ def _body_tool_calls(obj: dict[str, Any]) -> list[ToolDelta] | None:
         name = block.get("name")
         out.append((i, name if isinstance(name, str) and name else None, _arguments(block)))
     return out
+
+
+def _body_call_cut(obj: dict[str, Any]) -> bool:
+    """A body ended by ``max_tokens`` whose last ``tool_use`` block has ``input: {}``: what
+    llama-server writes for the arguments of a call the limit cut (they do not parse)."""
+    if obj.get("stop_reason") != "max_tokens":
+        return False
+    content = obj.get("content")
+    uses = [
+        b
+        for b in (content if isinstance(content, list) else ())
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    ]
+    return bool(uses) and uses[-1].get("input") == {}
 
 
 def _prompt_counts(usage: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -376,6 +392,7 @@ MESSAGES = Dialect(
     finish_reasons=_finish_reasons,
     tool_reader=stateless(_stream_tool_deltas),
     body_tool_calls=_body_tool_calls,
+    body_call_cut=_body_call_cut,
     tool_names=_tool_names,
     tool_request=_tool_request,
     usage=_usage,

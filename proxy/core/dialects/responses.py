@@ -23,13 +23,16 @@ fragment (the ``.done`` event is then a tool-call event, as the re-parse diff ch
 Chat Completions); when they agree, ``.done`` is no tool-call event.
 
 Finish reason: llama-server's ``status`` is ``"completed"`` even after a ``max_output_tokens``
-cut, and the response states neither the limit nor a stop word, so a natural end and a cut are
-indistinguishable. The reason is therefore ``"tool_calls"`` when the completed response's
-``output`` holds ``function_call`` items, ``"length"`` (or ``"content_filter"``) only when
-the response says ``status: "incomplete"`` with that ``incomplete_details.reason`` (OpenAI's
-own servers do; llama-server never does), and otherwise nothing: ``"stop"`` would be a guess.
-A turn cut by the limit after a complete call still reads ``"tool_calls"`` (Chat Completions
-would say ``"length"``): the response holds nothing that tells the two apart.
+cut (and so is every ``function_call`` item's, a call cut inside its arguments included), so
+the response alone cannot tell a natural end from a cut. The dialect reads ``"tool_calls"``
+when the completed response's ``output`` holds ``function_call`` items, ``"length"`` (or
+``"content_filter"``) when the response says ``status: "incomplete"`` with that
+``incomplete_details.reason`` (OpenAI's own servers do; llama-server never does), and
+otherwise nothing: ``"stop"`` would be a guess. The dialect does not state cuts
+(``states_limit`` false): the record's finish reason is ``"length"`` whenever the response's
+``usage.output_tokens`` (or ``timings.predicted_n``) reached the request's
+``max_output_tokens`` (:func:`proxy.core.assemble.finish_reason`), as Chat Completions says
+for the same generation; a call cut there is then ``tool_call_truncated``.
 """
 
 from __future__ import annotations
@@ -415,5 +418,6 @@ RESPONSES = Dialect(
     image_parts=_image_parts,
     reasoning=re.compile(rb'"type": ?"response\.reasoning(?:_summary)?_text\.delta"'),
     reasoning_text=_reasoning_text,
+    states_limit=False,
 )
 """The Responses API; each response's calls are read by a :func:`new_call_reader` of its own."""

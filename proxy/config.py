@@ -111,6 +111,8 @@ class UpstreamConfig:
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
     write_timeout_s: float = field(default=60.0, metadata={"ge": 0})  # 0 = off
+    read_timeout_s: float = field(default=30.0, metadata={"ge": 0})  # 0 = off
+    max_header_bytes: int = field(default=64 * 1024, metadata={"ge": 1024})
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ class TestDefaults:
             max_event_bytes=8 * 1024 * 1024,
         )
         assert cfg.client.write_timeout_s == 60.0
+        assert (cfg.client.read_timeout_s, cfg.client.max_header_bytes) == (30.0, 65536)
         assert (cfg.log.file, cfg.log.level) == (None, "info")
         assert (cfg.stats.recent, cfg.stats.window) == (100, 10000)
         assert cfg.accounting.enabled is True

@@ -48,6 +48,7 @@ from proxy.serve.keys import (
     TELEMETRY,
     RecordSink,
 )
+from proxy.serve.listener import listener_args
 from proxy.serve.logs import get_logger
 from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
@@ -93,7 +94,7 @@ def _in_use(exc: OSError) -> bool:
 
 def build_app(config: Config, *, clock: Clock = time.perf_counter) -> web.Application:
     """The proxy application for ``config``."""
-    app = web.Application(handler_args={"max_field_size": 65536})
+    app = web.Application(handler_args=listener_args(config))
     stats = Stats(since=iso_utc(), recent=config.stats.recent, window=config.stats.window)
     metrics = Metrics(parse_labels(config.fleet.labels))
     model_info = ModelInfo(
@@ -148,6 +149,8 @@ def _relay_settings(config: Config) -> RelaySettings:
         idle_timeout_s=config.upstream.idle_timeout_s,
         write_timeout_s=config.client.write_timeout_s,
         annotate=config.annotate,
+        read_timeout_s=config.client.read_timeout_s,
+        max_header_bytes=config.client.max_header_bytes,
     )
 
 

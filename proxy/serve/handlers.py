@@ -40,11 +40,13 @@ __all__ = [
     "admin_errors",
     "admin_ready",
     "auth_middleware",
+    "expect_relay",
     "handle_dashboard",
     "handle_metrics",
     "handle_record",
     "handle_relay",
     "handle_stats",
+    "relay_unroutable",
     "route",
     "route_admin",
 ]
@@ -214,9 +216,25 @@ async def handle_relay(request: web.Request) -> web.StreamResponse:
     return await request.app[RELAY].handle(request)
 
 
+async def expect_relay(request: web.Request) -> None:
+    """An ``Expect`` header: the relay answers it (the route's documented hook, which
+    aiohttp calls before the handler; its own sends ``100 Continue`` before any check)."""
+    request.app[RELAY].expect(request)
+
+
+@web.middleware
+async def relay_unroutable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A target no route matches (``OPTIONS *``, ``CONNECT host:port``) goes to the relay
+    too, which refuses it in OpenAI's shape, instead of aiohttp's plain-text 404."""
+    if request.match_info.http_exception is not None:
+        return await request.app[RELAY].handle(request)
+    return await handler(request)
+
+
 def route(app: web.Application) -> None:
-    """The agent's listener: every method and path relayed."""
-    app.router.add_route("*", "/{tail:.*}", handle_relay)
+    """The agent's listener: every method and target to the relay."""
+    app.router.add_route("*", "/{tail:.*}", handle_relay, expect_handler=expect_relay)
+    app.middlewares.append(relay_unroutable)
 
 
 def route_admin(admin: web.Application) -> None:

@@ -4,9 +4,9 @@ For each request it forwards the body bytes unchanged, copies the upstream's sta
 end-to-end headers and body to the agent as they are read (one ``write`` per upstream read,
 no buffering), and hands the same ``bytes`` objects to a :class:`~proxy.core.tracker.StreamTracker`
 *after* they were written. Disconnects, timeouts and aborts are decided here and become the
-record's ``outcome``. The proxy answers by itself only with OpenAI-shaped errors (413, 502,
-504) and only before any upstream byte reached the agent; after that a failure aborts the
-agent's connection instead of ending the body cleanly.
+record's ``outcome``. The proxy answers by itself only with OpenAI-shaped errors (those of
+:mod:`proxy.serve.intake`, 502, 504) and only before any upstream byte reached the agent;
+after that a failure aborts the agent's connection instead of ending the body cleanly.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from proxy.core.annotate import ANCHORS, Splitter, annotation, comment, server_t
 from proxy.core.assemble import Exchange, build_record
 from proxy.core.headers import REQUEST_ID_HEADER, request_drop, request_headers, response_headers
 from proxy.core.record import Kind, Outcome, Record
-from proxy.core.request import RequestFacts, analyse_request, not_streamed
+from proxy.core.request import RequestFacts, analyse_request
 from proxy.core.schema import schema_cost
 from proxy.core.timestamps import iso_utc
 from proxy.core.tracker import Observation, StreamTracker
 from proxy.serve.accounting import Accounting, Pending
 from proxy.serve.deadline import Deadlines
+from proxy.serve.intake import Intake, Refusal, analysis_of, answer_and_close
 from proxy.serve.tasks import spawn
 from proxy.serve.telemetry import Telemetry
 from proxy.serve.upstream import failure_cause
@@ -54,15 +55,12 @@ class RelaySettings:
     idle_timeout_s: float = 300.0
     write_timeout_s: float = 60.0
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
+    read_timeout_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
 
 
-class _Abort(Exception):
+class _Abort(Refusal):
     """Ends an exchange early with an outcome (and, before headers, a status)."""
-
-    def __init__(self, outcome: Outcome, status: int, message: str) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-        self.status = status
 
 
 def error_response(
@@ -136,6 +134,9 @@ class Relay:
         """Loop time the last exchange ended."""
         self._in_flight = 0
         self._settings = settings
+        self._intake = Intake(
+            settings.max_body_bytes, settings.max_header_bytes, settings.read_timeout_s
+        )
         self._base = settings.upstream.rstrip("/")
         self._on_record = on_record
         self._clock = clock
@@ -183,14 +184,17 @@ class Relay:
     async def _run(self, request: web.Request, flight: _Flight) -> web.StreamResponse:
         settings = self._settings
         try:
-            body = await self._read_body(request)
-        except _Abort as abort:
-            return self._refuse(flight, abort)
+            body = await self._intake.read_body(request)  # the bytes that arrived
+        except Refusal as refusal:
+            answer = self._refuse(flight, refusal)
+            if refusal.outcome is Outcome.CLIENT_TIMEOUT:
+                await answer_and_close(request, answer)
+            return answer
         flight.request_bytes = len(body)
-        if body and not_streamed(body):  # all the relay needs to know before sending it
-            flight.body = body
-        else:
-            flight.facts = analyse_request(request.method, request.path, body)
+        # all the relay needs to know before sending it: whether it may ask for a stream
+        facts, flight.body = analysis_of(request, body, settings.max_body_bytes)
+        if facts is not None:
+            flight.facts = facts
         flight.annotate = self._annotates(request, flight.facts)  # the path's and a header's
         if flight.body is not None or self._accounting is not None:
             # on the loop's next turn, once the request below is on its way: parsing the
@@ -592,7 +596,7 @@ class Relay:
         except Exception as exc:  # the annotation must never disturb the relay
             flight.annotate_error = f"annotate: {type(exc).__name__}"
 
-    def _refuse(self, flight: _Flight, abort: _Abort) -> web.Response:
+    def _refuse(self, flight: _Flight, abort: Refusal) -> web.Response:
         flight.outcome, flight.status, flight.error = abort.outcome, abort.status, str(abort)
         return error_response(abort.status, str(abort), abort.outcome, flight.id)
 
@@ -609,31 +613,9 @@ class Relay:
         _abort_client(request, hard=outcome is Outcome.CLIENT_STALLED)
         return resp
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self._settings.max_body_bytes
-        length = request.content_length
-        if length is not None:  # framed by its length
-            if length > limit:
-                raise _Abort(
-                    Outcome.REQUEST_TOO_LARGE,
-                    413,
-                    f"request body of {length} bytes exceeds the proxy's limit of {limit} bytes",
-                )
-            content = request.content
-            # all of it came with the head (a bodiless request too): taken as it is
-            return content.read_nowait() if content.is_eof() else await content.read()
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise _Abort(
-                    Outcome.REQUEST_TOO_LARGE,
-                    413,
-                    f"request body exceeds the proxy's limit of {limit} bytes",
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+    def expect(self, request: web.Request) -> None:
+        """The route's ``Expect`` handler: ``100 Continue`` only for a body it will read."""
+        self._intake.expect(request)
 
     def _begin(self, flight: _Flight, request: web.Request) -> None:
         """The request is on its way: its body analysed, its accounting begun."""

@@ -1,0 +1,285 @@
+"""The corpus's ground truth, computed without any of the proxy's code.
+
+Each request body is put in the Chat Completions form llama-server's own converters give it
+(``tests/corpus/chat_form.py``), rendered by llama-server's ``POST /apply-template`` (with and
+without the generation prompt) and tokenized by ``POST /tokenize`` (``add_special`` and
+``parse_special``: BOS counted, as ``cache_n`` counts it). The rendering must count what
+llama-server evaluated (the response's own prompt tokens), or the truth is not trusted.
+
+From two such prompts, plain loops give: the first differing token ``d``; whether the
+earlier prompt up to its generation prompt is a prefix of the new one; where each prompt's
+last turn starts; the section holding ``d``; and the earlier prompt's tokens after ``d`` that
+the new prompt repeats, in runs of at least 16 tokens (a naive search of every run). What
+llama-server reused (``cache_n``), evaluated (``prompt_n``) and generated (``predicted_n``)
+is read from the response bytes it sent, with ``json`` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from tests.corpus.chat_form import chat_form
+
+__all__ = [
+    "RUN",
+    "Prompt",
+    "Served",
+    "first_difference",
+    "prompt_of",
+    "relation",
+    "repeated",
+    "section_at",
+    "served",
+]
+
+RUN = 16
+"""The shortest run of an earlier prompt's tokens counted as repeated (the spec's figure)."""
+
+_ANSWERS = ("assistant", "tool", "function")
+_SYSTEM = ("system", "developer")
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+# -- a prompt as llama-server evaluates it ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt's tokens (BOS counted) and where its parts start."""
+
+    tokens: tuple[int, ...]
+    text: str
+    chat: dict[str, Any]
+    generation_start: int
+    """The first token of the generation prompt (what ``add_generation_prompt`` adds)."""
+    last_turn_start: int
+    """The first token of the last turn (the generation prompt's when the turn holds no
+    message)."""
+    char_of_token: tuple[int, ...]
+    """The character of ``text`` where each token after BOS starts."""
+    bos: int
+
+
+def _tokens(upstream: str, text: str) -> list[int]:
+    answer = _post(
+        upstream + "/tokenize", {"content": text, "add_special": True, "parse_special": True}
+    )
+    return [int(t) for t in answer["tokens"]]
+
+
+def _char_starts(upstream: str, text: str) -> tuple[int, ...]:
+    """Where each token of ``text`` (no BOS) starts, in characters, from its byte pieces."""
+    answer = _post(
+        upstream + "/tokenize",
+        {"content": text, "add_special": False, "parse_special": True, "with_pieces": True},
+    )
+    data = text.encode()
+    starts, at = [], 0
+    for token in answer["tokens"]:
+        piece = token["piece"]
+        starts.append(len(data[:at].decode(errors="ignore")))
+        at += len(piece.encode()) if isinstance(piece, str) else len(piece)
+    assert at == len(data), "the pieces do not spell the text"
+    return tuple(starts)
+
+
+def _last_turn_message(messages: list[dict[str, Any]]) -> int:
+    """The first message of the last turn: after the last answer (assistant or tool), else
+    after the leading system messages; ``len(messages)`` when the turn holds none."""
+    answered = [i for i, m in enumerate(messages) if m.get("role") in _ANSWERS]
+    if answered:
+        return answered[-1] + 1
+    return next((i for i, m in enumerate(messages) if m.get("role") not in _SYSTEM), len(messages))
+
+
+def _plain(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
+def _token_at_char(upstream: str, text: str, char: int, tokens: list[int]) -> int:
+    """The number of tokens (BOS counted) of ``text`` before character ``char``, checked to
+    be a prefix of the whole text's ``tokens`` (``char`` is at a special token)."""
+    head = _tokens(upstream, text[:char])
+    assert tokens[: len(head)] == head, f"the tokens of the text before {char} are no prefix"
+    return len(head)
+
+
+def prompt_of(upstream: str, path: str, body: dict[str, Any]) -> Prompt:
+    """The prompt llama-server evaluates for a request to ``path`` with ``body``."""
+    chat = chat_form(path, body)
+    text = str(_post(upstream + "/apply-template", chat)["prompt"])
+    bare = str(
+        _post(upstream + "/apply-template", {**chat, "add_generation_prompt": False})["prompt"]
+    )
+    assert text.startswith(bare), "the prompt without its generation prompt is no prefix"
+    tokens = _tokens(upstream, text)
+    generation = _token_at_char(upstream, text, len(bare), tokens)
+    messages = chat["messages"]
+    first = _last_turn_message(messages)
+    if first < len(messages):
+        # the last turn opens with its first message's role marker (ChatML: <|im_start|>)
+        content = _plain(messages[first]["content"])
+        at = text.rfind(content, 0, len(bare))
+        assert at >= 0, "the last turn's first message is not in the rendering"
+        last_turn = _token_at_char(upstream, text, text.rfind("<|im_start|>", 0, at), tokens)
+    else:
+        last_turn = generation
+    bos = len(_tokens(upstream, ""))
+    return Prompt(
+        tuple(tokens), text, chat, generation, last_turn, _char_starts(upstream, text), bos
+    )
+
+
+# -- two prompts ------------------------------------------------------------------------------
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The first index where ``a`` and ``b`` differ (the shorter length if one is a prefix)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def relation(new: Prompt, earlier: Prompt) -> str:
+    """How ``new`` relates to ``earlier`` by the spec's positions: ``retry``, ``extends``,
+    ``branch`` (the difference in either last turn) or ``rewrite`` (before both; a
+    compaction is a rewrite by position)."""
+    if new.tokens == earlier.tokens:
+        return "retry"
+    d = first_difference(new.tokens, earlier.tokens)
+    if d >= earlier.generation_start and len(new.tokens) > d:
+        return "extends"
+    if d >= new.last_turn_start or d >= earlier.last_turn_start:
+        return "branch"
+    return "rewrite"
+
+
+def repeated(earlier: tuple[int, ...], new: tuple[int, ...], d: int, stop: int) -> int:
+    """The tokens of ``earlier[d:stop]`` that ``new`` holds after ``d``, in runs of at least
+    :data:`RUN` tokens, in any order: from each position, the longest run of ``earlier``
+    found anywhere in ``new[d:]``; counted and skipped when long enough, else one token on."""
+    tail = new[d:]
+    total, i = 0, d
+    while i < stop:
+        longest = 0
+        for j in range(len(tail)):
+            n = 0
+            while i + n < stop and j + n < len(tail) and earlier[i + n] == tail[j + n]:
+                n += 1
+            longest = max(longest, n)
+        if longest >= RUN:
+            total += longest
+            i += longest
+        else:
+            i += 1
+    return total
+
+
+def section_at(prompt: Prompt, token: int) -> str:
+    """The section of the request holding token ``token`` (BOS counted): each tool's line
+    (``tools[i]:NAME``), each message's reasoning, content and tool calls, found in order in
+    the rendering; a section owns the markup before its own text; after the last one, the
+    ``generation_prompt``."""
+    char = (
+        prompt.char_of_token[token - prompt.bos]
+        if token - prompt.bos < len(prompt.char_of_token)
+        else len(prompt.text)
+    )
+    ends: list[tuple[int, str]] = []
+    text = prompt.text
+    for j, tool in enumerate(prompt.chat.get("tools", [])):
+        name = tool["function"]["name"]
+        at = text.find(f'"name": "{name}"')
+        ends.append((text.find("\n", at), f"tools[{j}]:{name}"))
+    cursor = 0
+    for i, message in enumerate(prompt.chat["messages"]):
+        parts = [
+            ("reasoning_content", message.get("reasoning_content") or ""),
+            ("content", _plain(message.get("content") or "")),
+        ]
+        parts += [
+            (f"tool_calls[{k}]", call["function"]["arguments"])
+            for k, call in enumerate(message.get("tool_calls") or [])
+        ]
+        for name, part in parts:
+            at = text.find(part, cursor) if part else -1
+            if at >= 0:
+                cursor = at + len(part)
+                ends.append((cursor, f"messages[{i}].{name}"))
+    for end, name in sorted(ends):
+        if char < end:
+            return name
+    return "generation_prompt"
+
+
+# -- what llama-server did --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served:
+    """llama-server's own counts for one request."""
+
+    cache_n: int
+    prompt_n: int
+    predicted_n: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every prompt token, reused or evaluated."""
+        return self.cache_n + self.prompt_n
+
+
+def _events(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a response: its body, or each ``data:`` line of its stream."""
+    text = raw.decode()
+    if not text.lstrip().startswith(("data:", "event:")):
+        return [json.loads(text)]
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+            out.append(json.loads(line[5:]))
+    return out
+
+
+def _found(obj: Any, key: str) -> list[Any]:
+    """Every value of ``key`` in ``obj``, depth first."""
+    if isinstance(obj, dict):
+        here = [obj[key]] if key in obj else []
+        return here + [v for value in obj.values() for v in _found(value, key)]
+    if isinstance(obj, list):
+        return [v for value in obj for v in _found(value, key)]
+    return []
+
+
+def served(raw: bytes) -> Served:
+    """The counts in a response (any of the three APIs, streamed or not): the last
+    ``timings`` (Chat Completions, streamed Responses), else the usage (Responses:
+    ``input_tokens`` counts every prompt token; Messages: ``input_tokens`` those
+    evaluated, ``cache_read_input_tokens`` those reused)."""
+    events = _events(raw)
+    timings = [t for e in events for t in _found(e, "timings")]
+    if timings:
+        t = timings[-1]
+        return Served(int(t["cache_n"]), int(t["prompt_n"]), int(t["predicted_n"]))
+    usages = [u for e in events for u in _found(e, "usage") if isinstance(u, dict)]
+    if any("cache_read_input_tokens" in u for u in usages):
+        start = next(u for u in usages if "cache_read_input_tokens" in u)
+        output = max(int(u.get("output_tokens", 0)) for u in usages)
+        cached = int(start["cache_read_input_tokens"])
+        return Served(cached, int(start["input_tokens"]), output)
+    usage = usages[-1]
+    cached = int(usage["input_tokens_details"]["cached_tokens"])
+    return Served(cached, int(usage["input_tokens"]) - cached, int(usage["output_tokens"]))

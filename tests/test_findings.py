@@ -547,9 +547,10 @@ class TestCacheCause:
 
 
 def test_dropped_section_names_the_reasoning_left_out() -> None:
-    """The dropped section is the first history reasoning the rendering lacks."""
+    """The dropped section is the latest history reasoning the rendering lacks: the previous
+    answer's, whose tokens the cache held."""
     missing = ("tools[3]:x", "messages[2].reasoning_content", "messages[4].reasoning_content")
-    assert dropped_section(missing) == "messages[2].reasoning_content"
+    assert dropped_section(missing) == "messages[4].reasoning_content"
     assert dropped_section(("tools[0]:x",)) is None
 
 

@@ -150,8 +150,9 @@ def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | Non
 
 
 def dropped_section(missing: tuple[str, ...]) -> str | None:
-    """The history message whose reasoning the template left out (its section name)."""
-    return next((m for m in missing if m.endswith(".reasoning_content")), None)
+    """The latest history message whose reasoning the template left out (its section name):
+    the previous answer, whose tokens the cache held."""
+    return next((m for m in reversed(missing) if m.endswith(".reasoning_content")), None)
 
 
 def loss_of(

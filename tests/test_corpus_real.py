@@ -223,7 +223,7 @@ class Checker:
         cause = expect["prefill_cause"]
         lost = 0
         if cause in REWRITES:
-            lost = repeated(e.tokens, p.tokens, d, e.generation_start)
+            lost = repeated(e, p, d)
         elif cause == "template_drops_history":
             lost = self.served[expect["matched"]].predicted_n
         elif cause in SHORTFALLS:

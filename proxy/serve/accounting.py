@@ -218,7 +218,7 @@ class Accounting:
         attribution_history: int = 64,
         show_diff_text: bool = False,
         conversation_header: str = "",
-        context_size: Callable[[], int | None] = lambda: None,
+        context_size: Callable[[str | None], int | None] = lambda _: None,
     ) -> None:
         self._base = upstream.rstrip("/")
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
@@ -250,6 +250,7 @@ class Accounting:
                 keep_text=show_diff_text,
                 on_event=self._on_event,
                 context_size=context_size,
+                routed=self.routed,
             )
             if attribution
             else None
@@ -486,6 +487,13 @@ class Accounting:
         except (LookupFailed, aiohttp.ClientError, TimeoutError):
             return None
         return isinstance(props, dict) and props.get("role") == "router"
+
+    def routed(self) -> bool:
+        """Whether the upstream is known to be a router (``/props`` answered so)."""
+        task = self._router
+        if task is None or not task.done() or task.cancelled() or task.exception():
+            return False
+        return task.result() is True
 
     async def _model_key(self, model: str | None) -> str | None:
         """The model the schema totals are kept under: the request's on a router, ``None``

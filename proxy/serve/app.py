@@ -171,7 +171,7 @@ async def _start_accounting(
         attribution_history=config.accounting.attribution_history,
         show_diff_text=config.privacy.show_diff_text,
         conversation_header=config.accounting.conversation_header,
-        context_size=lambda: model_info.meta.n_ctx if model_info.meta is not None else None,
+        context_size=lambda model: meta.n_ctx if (meta := model_info.meta_of(model)) else None,
     )
     await accounting.start()
     sinks.insert(0, accounting.learn_rate)

@@ -99,7 +99,7 @@ class Attributor:
         cache_entries: int = 256,
         keep_text: bool = False,
         on_event: Callable[..., None] | None = None,
-        context_size: Callable[[], int | None] = lambda: None,
+        context_size: Callable[[str | None], int | None] = lambda _: None,
         routed: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -112,7 +112,8 @@ class Attributor:
         self._cache: OrderedDict[str, asyncio.Task[RenderedPrompt]] = OrderedDict()
         self._background: set[asyncio.Future[None]] = set()
         self._slots = asyncio.Semaphore(2)
-        self._offset: int | None = None
+        self._offsets: dict[str, int] = {}
+        """The tokens the tokenizer adds before a text (BOS), per model key."""
         self.history = PromptHistory(size=history)
         self.findings = Findings()
         self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -123,7 +124,10 @@ class Attributor:
     def _model_key(self, facts: RequestFacts) -> str:
         """Whose cache a prompt goes to: the request's model when the upstream routes by it
         (llama-server's router mode), else the one model a single server has."""
-        return (facts.model or "") if self._routed() else ""
+        return self._key(facts.model)
+
+    def _key(self, model: Any) -> str:
+        return model if isinstance(model, str) and self._routed() else ""
 
     def close(self) -> None:
         """Cancel renderings in flight."""
@@ -171,10 +175,11 @@ class Attributor:
         # the chat body names the request's model: a router answers for it, so the
         # tokenizations name it too
         model = {"model": chat["model"]} if isinstance(chat.get("model"), str) else {}
+        key = self._key(chat.get("model"))
         async with self._slots:
-            if self._offset is None:
+            if key not in self._offsets:
                 bos = await self._post("/tokenize", {"content": "", "add_special": True, **model})
-                self._offset = len(bos["tokens"])
+                self._offsets[key] = len(bos["tokens"])
             text = str((await self._post("/apply-template", chat))["prompt"])
             got = await self._post(
                 "/tokenize",
@@ -203,7 +208,7 @@ class Attributor:
     ) -> dict[str, Any]:
         """The record's prefix fields for its rendered ``prompt``; counts the finding.
         ``conversation`` is the id the agent sent in a header, if any (before the body's)."""
-        offset = self._offset or 0
+        offset = self._offsets.get(self._model_key(facts), 0)
         if ms_per_token is None and record.prefill_ms is not None and record.prompt_n:
             # no reference rate yet: this request's own
             ms_per_token = record.prefill_ms / record.prompt_n
@@ -224,7 +229,7 @@ class Attributor:
             a,
             cache_prompt=(facts.body or {}).get("cache_prompt") is not False,
             missing=prompt.missing,
-            n_ctx=self._context_size(),
+            n_ctx=self._context_size(facts.model),
             prompt_n=record.prompt_n,
         )
         fields: dict[str, Any] = {

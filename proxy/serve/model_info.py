@@ -86,13 +86,17 @@ class ModelInfo:
         if self._fetching:
             await asyncio.gather(*self._fetching, return_exceptions=True)
 
+    def meta_of(self, model: str | None) -> ModelMeta | None:
+        """The served model's metadata: the named one's on a router, else the one's."""
+        return self.by_model.get(model or "") if self.router else self.meta
+
     def enrich(self, record: Record) -> Record:
         """``record`` with ``decode_gbs`` and ``roof_ratio`` filled in when it has a decode rate
         and the model is known; otherwise unchanged (and, the model unknown, a fetch started
         in the background unless one was tried within ``retry_s``)."""
         if record.decode_tok_s is None:
             return record
-        meta = self.by_model.get(record.model or "") if self.router else self.meta
+        meta = self.meta_of(record.model)
         if meta is None:
             self._maybe_fetch(record.model if self.router else None)
             return record

@@ -572,6 +572,41 @@ class TestWhatChanged:
         assert a.diverged_section == "messages[1].content"
         assert rendered(without).role_of(a.diverged_section) == "user"
 
+    def test_another_agents_instructions_with_the_same_tools_are_not_a_change(self) -> None:
+        """A second agent with its own system prompt and the same tools: its first prompt
+        shares a few words of the first agent's instructions and then the whole tools block,
+        yet it is another agent (cold, a conversation of its own), not a system-prompt
+        change; a clock in the first agent's prompt still is one."""
+        kitchen = chat(
+            system("You are the kitchen robot. Fetch cups and plates."),
+            user("Where are the cups?"),
+            tools=TOOLS,
+        )
+        drone = chat(
+            system("You are the warehouse drone. Count pallets on shelves."),
+            user("How many pallets on shelf 3?"),
+            tools=TOOLS,
+        )
+        history = PromptHistory()
+        attribute(history, rendered(kitchen))
+        b = attribute(history, rendered(drone))
+        assert (b.prefix_kind, b.changed, b.predecessor_unknown) == (PrefixKind.COLD, None, False)
+        assert b.conversation == "c2"
+        ticked = chat(
+            system("You are the kitchen robot. Fetch cups and plates. Time: 22:41:07."),
+            user("Where are the cups?"),
+            tools=TOOLS,
+        )
+        timed = chat(
+            system("You are the kitchen robot. Fetch cups and plates. Time: 22:41:05."),
+            user("Where are the cups?"),
+            tools=TOOLS,
+        )
+        history = PromptHistory()
+        attribute(history, rendered(timed))
+        a = attribute(history, rendered(ticked))
+        assert (a.prefix_kind, a.changed) == (PrefixKind.REWRITE, Changed.SYSTEM)
+
     def test_an_added_tool_result_edit_is_a_history_rewrite(self) -> None:
         """A tool result edited in place before later turns is a history rewrite that
         repeats what followed it."""

@@ -21,7 +21,13 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from proxy.core.prefix import SYSTEM_ROLES, RenderedPrompt, message_index, shared_prefix
+from proxy.core.prefix import (
+    SYSTEM_ROLES,
+    RenderedPrompt,
+    message_index,
+    shared_prefix,
+    shared_suffix,
+)
 from proxy.core.reuse import repeated_tokens
 
 __all__ = ["Attribution", "Changed", "PrefixKind", "PromptHistory"]
@@ -306,21 +312,45 @@ def _classify(
     if ours_last or theirs_last:
         # a new question on a shared prefix; with history of its own after the fork, this
         # prompt continues a conversation whose earlier turns the proxy did not see
-        if not prompt.completes_a_section(shared):
-            return _Verdict(PrefixKind.COLD)
-        return _Verdict(PrefixKind.BRANCH, unknown=not ours_last)
+        return _fork(prompt, shared, unknown=not ours_last)
     repeated = repeated_tokens(earlier.tokens, prompt.tokens, shared, len(earlier), earlier.content)
     if repeated == 0 and not _shares_history(prompt, earlier):
         # nothing the earlier prompt had after the difference is here, not one of its
         # messages: another task on the same prefix, whose own earlier turns were not seen
-        if not prompt.completes_a_section(shared):
-            return _Verdict(PrefixKind.COLD)
-        return _Verdict(PrefixKind.BRANCH, unknown=True)
+        return _fork(prompt, shared, unknown=prompt.has_history())
     changed = _what_changed(prompt, earlier, ours, theirs)
+    if changed is Changed.SYSTEM and not _same_instructions(prompt, earlier, ours, theirs, shared):
+        # another agent's instructions, not these changed: they share a few words only
+        return _fork(prompt, shared, unknown=prompt.has_history())
     kind = PrefixKind.REWRITE
     if changed is Changed.HISTORY and _shortened(prompt, earlier, message_index(ours)):
         kind = PrefixKind.COMPACTION
     return _Verdict(kind, changed, repeated)
+
+
+def _fork(prompt: RenderedPrompt, shared: int, *, unknown: bool) -> _Verdict:
+    """Another task from the shared prefix: a branch when that prefix holds a whole section,
+    else cold."""
+    if not prompt.completes_a_section(shared):
+        return _Verdict(PrefixKind.COLD)
+    return _Verdict(PrefixKind.BRANCH, unknown=unknown)
+
+
+def _same_instructions(
+    prompt: RenderedPrompt, earlier: RenderedPrompt, ours: str, theirs: str, shared: int
+) -> bool:
+    """Whether a system message that differs is the same one changed (a clock, an id: at
+    least half of the earlier text kept at its two ends), not another agent's. A system
+    message added or removed is a change."""
+    if prompt.role_of(ours) not in SYSTEM_ROLES or earlier.role_of(theirs) not in SYSTEM_ROLES:
+        return True
+    start, end = earlier.text_tokens(theirs)
+    low, high = prompt.text_tokens(ours)
+    if end <= start:
+        return True
+    before = min(max(0, shared - start), end - start)
+    after = shared_suffix(earlier.tokens[start * 4 : end * 4], prompt.tokens[low * 4 : high * 4])
+    return 2 * (before + after) >= end - start
 
 
 def _what_changed(

@@ -280,6 +280,19 @@ class RenderedPrompt:
         index = message_index(section)
         return self.roles[index] if index is not None and index < len(self.roles) else None
 
+    def text_tokens(self, name: str) -> tuple[int, int]:
+        """The tokens ``[start, end)`` that start in the own text of section ``name`` (an
+        empty range when it has none)."""
+        section = next((s for s in self.sections if s.name == name), None)
+        if section is None:
+            return 0, 0
+        start = bisect.bisect_left(self.starts, section.end - section.length)
+        return start, bisect.bisect_left(self.starts, section.end)
+
+    def has_history(self) -> bool:
+        """Whether messages other than the system ones come before the last turn."""
+        return any(role not in SYSTEM_ROLES for role in self.roles[: self.last_turn])
+
     def completes_a_section(self, token: int) -> bool:
         """Whether some section's text ends before token ``token``: a prefix up to there
         holds more than the template's markup and the start of a first message."""

@@ -38,25 +38,24 @@ from tests.qwen3_toy import (
 
 
 def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> int:
-    """The earlier prompt's tokens from ``start`` on that occur in the new prompt from
-    ``start`` on: each earlier token is marked when some run of ``RUN`` tokens holding it
-    occurs there; a stretch of marked tokens counts when ``MIN_CONTENT`` of them are the
-    request's own text (the prompt's content mask)."""
-    e = ids_of(earlier)
-    p = ids_of(new)[start:]
-    runs = {tuple(p[j : j + RUN]) for j in range(len(p) - RUN + 1)}
-    marked = [False] * len(e)
-    for i in range(start, len(e) - RUN + 1):
-        if tuple(e[i : i + RUN]) in runs:
-            marked[i : i + RUN] = [True] * RUN
-    total, stretch = 0, []
-    for i in range(start, len(e) + 1):
-        if i < len(e) and marked[i]:
-            stretch.append(i)
-            continue
-        if sum(earlier.content[j] for j in stretch) >= MIN_CONTENT:
-            total += len(stretch)
-        stretch = []
+    """The earlier prompt's tokens from ``start`` on that the new prompt repeats from
+    ``start`` on: from each token, the longest run found anywhere there (every place tried);
+    one of ``RUN`` tokens or more, ``MIN_CONTENT`` of them the request's own text (the
+    prompt's content mask), is counted and passed over."""
+    e, tail, own = ids_of(earlier), ids_of(new)[start:], earlier.content
+    total, i = 0, start
+    while i < len(e):
+        longest = 0
+        for j in range(len(tail)):
+            n = 0
+            while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
+                n += 1
+            longest = max(longest, n)
+        if longest >= RUN and sum(own[i : i + longest]) >= MIN_CONTENT:
+            total += longest
+            i += longest
+        else:
+            i += 1
     return total
 
 

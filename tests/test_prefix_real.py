@@ -156,18 +156,22 @@ def _expected(upstream: str, before: dict[str, Any], after: dict[str, Any]) -> E
 
 def _repeated(upstream: str, before: dict[str, Any], after: dict[str, Any]) -> int:
     """What ``before`` had after the first difference that ``after`` repeats after that
-    point: each token of ``before`` inside a run of 16 tokens found anywhere in ``after``'s
-    rest (a naive search over /tokenize's ids)."""
+    point: from each token of ``before``, the longest run found anywhere in ``after``'s rest,
+    counted and passed over when 16 tokens or more (a naive search over /tokenize's ids; the
+    scenarios' runs all hold the request's own text)."""
     tokens_a = _tokens(upstream, _render(upstream, before))
     tokens_b = _tokens(upstream, _render(upstream, after))
-    start, stop = _first_difference(tokens_a, tokens_b), len(tokens_a)
-    rest = tokens_b[start:]
-    runs = {tuple(rest[j : j + 16]) for j in range(len(rest) - 15)}
-    marked: set[int] = set()
-    for i in range(start, stop - 15):
-        if tuple(tokens_a[i : i + 16]) in runs:
-            marked.update(range(i, i + 16))
-    return len(marked)
+    start = _first_difference(tokens_a, tokens_b)
+    rest, total, i = tokens_b[start:], 0, start
+    while i < len(tokens_a):
+        longest = 0
+        for j in range(len(rest)):
+            n = 0
+            while i + n < len(tokens_a) and j + n < len(rest) and tokens_a[i + n] == rest[j + n]:
+                n += 1
+            longest = max(longest, n)
+        total, i = (total + longest, i + longest) if longest >= 16 else (total, i + 1)
+    return total
 
 
 # -- the proxy under test ---------------------------------------------------------------------

@@ -15,16 +15,29 @@ def as_bytes(ids: list[int]) -> bytes:
     return array("I", ids).tobytes()
 
 
-def naive(earlier: list[int], new: list[int], start: int, stop: int) -> int:
-    """Mark each earlier token in ``[start, stop)`` that lies in some window of ``RUN``
-    tokens inside ``[start, stop)`` found anywhere in ``new[start:]``; count the marks."""
+def naive(
+    earlier: list[int], new: list[int], start: int, stop: int, content: list[int] | None = None
+) -> int:
+    """From each earlier token in ``[start, stop)``, the longest run of ``earlier`` found
+    anywhere in ``new[start:]`` (every place tried); a run of ``RUN`` tokens or more holding
+    ``MIN_CONTENT`` content tokens (when a mask is given) is counted and passed over, else
+    the next token is tried."""
     tail = new[start:]
-    marked: set[int] = set()
-    for i in range(start, stop - RUN + 1):
-        window = earlier[i : i + RUN]
-        if any(tail[j : j + RUN] == window for j in range(len(tail) - RUN + 1)):
-            marked.update(range(i, i + RUN))
-    return len(marked)
+    total, i = 0, start
+    while i < stop:
+        longest = 0
+        for j in range(len(tail)):
+            n = 0
+            while i + n < stop and j + n < len(tail) and earlier[i + n] == tail[j + n]:
+                n += 1
+            longest = max(longest, n)
+        own = sum(content[i : i + longest]) if content is not None else MIN_CONTENT
+        if longest >= RUN and own >= MIN_CONTENT:
+            total += longest
+            i += longest
+        else:
+            i += 1
+    return total
 
 
 @st.composite
@@ -77,36 +90,16 @@ def test_new_content_and_short_runs_are_not_repeated() -> None:
     assert repeated_tokens(as_bytes(earlier), as_bytes(earlier), 0, 40) == 40
 
 
-def naive_with_content(earlier: list[int], new: list[int], start: int, content: list[int]) -> int:
-    """As :func:`naive`, then each stretch of consecutive marked tokens counts only when it
-    holds ``MIN_CONTENT`` tokens whose content flag is 1."""
-    tail = new[start:]
-    marked = [False] * len(earlier)
-    for i in range(start, len(earlier) - RUN + 1):
-        window = earlier[i : i + RUN]
-        if any(tail[j : j + RUN] == window for j in range(len(tail) - RUN + 1)):
-            marked[i : i + RUN] = [True] * RUN
-    total, stretch = 0, []
-    for i in range(start, len(earlier) + 1):
-        if i < len(earlier) and marked[i]:
-            stretch.append(i)
-            continue
-        if sum(content[j] for j in stretch) >= MIN_CONTENT:
-            total += len(stretch)
-        stretch = []
-    return total
-
-
 @given(edited(), st.data())
 def test_with_a_content_mask_equals_the_naive_count(
     case: tuple[list[int], list[int], int], data: st.DataObject
 ) -> None:
-    """With a content mask, a stretch of repeated tokens counts only when it holds enough of
-    the request's own text, as the naive count says."""
+    """With a content mask, a run of repeated tokens counts only when it holds enough of the
+    request's own text, as the naive count says."""
     earlier, new, start = case
     content = data.draw(st.lists(st.integers(0, 1), min_size=len(earlier), max_size=len(earlier)))
     got = repeated_tokens(as_bytes(earlier), as_bytes(new), start, len(earlier), bytes(content))
-    assert got == naive_with_content(earlier, new, start, content)
+    assert got == naive(earlier, new, start, len(earlier), content)
 
 
 def test_shared_template_markup_alone_is_not_repeated() -> None:

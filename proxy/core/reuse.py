@@ -5,13 +5,16 @@ llama-server reuses a cached prompt only up to the first token that differs. Aft
 (a clock in the system prompt, a reordered tool, an edited message), whatever the earlier
 prompt had after that point and the new prompt still holds is prefilled again: that is the
 change's cost. What the new prompt adds (its new question, the new turn) is not: it had to be
-prefilled in any case. Tokens count as repeated in runs of at least :data:`RUN` (in any order:
-a tool moved down the list is repeated), so that template markup shared by chance is not.
+prefilled in any case. Tokens count as repeated in runs of at least :data:`RUN`, in any order
+(a tool moved down the list is repeated), each holding enough of the request's own text, so
+that template markup shared by chance is not.
 """
 
 from __future__ import annotations
 
-__all__ = ["RUN", "repeated_tokens"]
+from proxy.core.prefix import shared_prefix
+
+__all__ = ["MIN_CONTENT", "RUN", "repeated_tokens"]
 
 RUN = 16
 """The shortest run of the earlier prompt's tokens counted as repeated."""
@@ -28,31 +31,37 @@ _WIDTH = 4
 def repeated_tokens(
     earlier: bytes, new: bytes, start: int, stop: int, content: bytes | None = None
 ) -> int:
-    """How many of ``earlier``'s tokens in ``[start, stop)`` lie in a run of at least
-    :data:`RUN` tokens that occurs in ``new`` after ``start`` (each token counted once).
-    Both are token ids as 4-byte items. With ``content`` (one byte per earlier token, 1 for
-    the request's own text), a run of overlapping windows counts only when it holds at least
-    :data:`MIN_CONTENT` such tokens."""
+    """How many of ``earlier``'s tokens in ``[start, stop)`` ``new`` repeats after
+    ``start``: from each token, the longest run of ``earlier`` found anywhere in ``new``
+    after ``start``; a run of at least :data:`RUN` tokens is counted and passed over, else
+    the next token is tried. Both are token ids as 4-byte items. With ``content`` (one byte
+    per earlier token, 1 for the request's own text), a run counts only when at least
+    :data:`MIN_CONTENT` of its tokens are such text."""
     tail = new[start * _WIDTH :]
     if stop - start < RUN or len(tail) < RUN * _WIDTH:
         return 0
+    places = _run_starts(tail)
     size = RUN * _WIDTH
-    windows = {tail[at : at + size] for at in range(0, len(tail) - size + 1, _WIDTH)}
-    total, low, high = 0, -1, -1
-    for i in range(start, stop - RUN + 1):
-        if earlier[i * _WIDTH : i * _WIDTH + size] in windows:
-            if i > high:  # a gap: the run before it is complete
-                total += _counted(low, high, content)
-                low = i
-            high = i + RUN
-    return total + _counted(low, high, content)
+    total, i = 0, start
+    while i + RUN <= stop:
+        found = places.get(earlier[i * _WIDTH : i * _WIDTH + size])
+        if found:
+            rest = earlier[i * _WIDTH : stop * _WIDTH]
+            length = max(shared_prefix(rest, tail[at * _WIDTH :]) for at in found)
+            if content is None or sum(content[i : i + length]) >= MIN_CONTENT:
+                total += length
+                i += length
+                continue
+        i += 1
+    return total
 
 
-def _counted(low: int, high: int, content: bytes | None) -> int:
-    """The tokens of the run ``[low, high)`` (none when ``low`` is -1), when it holds enough
-    of the request's own text."""
-    if low < 0:
-        return 0
-    if content is not None and sum(content[low:high]) < MIN_CONTENT:
-        return 0
-    return high - low
+def _run_starts(tail: bytes) -> dict[bytes, list[int]]:
+    """Where each run of :data:`RUN` tokens starts in ``tail`` (the first few places)."""
+    size = RUN * _WIDTH
+    places: dict[bytes, list[int]] = {}
+    for at in range(len(tail) // _WIDTH - RUN + 1):
+        where = places.setdefault(tail[at * _WIDTH : at * _WIDTH + size], [])
+        if len(where) < 16:
+            where.append(at)
+    return places

@@ -9,8 +9,8 @@ llama-server evaluated (the response's own prompt tokens), or the truth is not t
 From two such prompts, plain loops give: the first differing token ``d``; whether the
 earlier prompt up to its generation prompt is a prefix of the new one; where each prompt's
 last turn starts; the section holding ``d``; and the earlier prompt's tokens after ``d`` that
-the new prompt repeats, in runs of at least 16 tokens (a naive search of every run), in
-stretches holding at least 8 tokens of the request's own text. What
+the new prompt repeats, in runs of at least 16 tokens (a naive search of every run), each
+holding at least 8 tokens of the request's own text. What
 llama-server reused (``cache_n``), evaluated (``prompt_n``) and generated (``predicted_n``)
 is read from the response bytes it sent, with ``json`` alone.
 """
@@ -41,8 +41,8 @@ RUN = 16
 """The shortest run of an earlier prompt's tokens counted as repeated (the spec's figure)."""
 
 MIN_CONTENT = 8
-"""A stretch of repeated tokens counts only when this many of them are the request's own
-text, not template markup (the spec's figure)."""
+"""A run of repeated tokens counts only when this many of them are the request's own text,
+not template markup (the spec's figure)."""
 
 _ANSWERS = ("assistant", "tool", "function")
 _SYSTEM = ("system", "developer")
@@ -175,12 +175,11 @@ def relation(new: Prompt, earlier: Prompt) -> str:
 
 def repeated(earlier: Prompt, new: Prompt, d: int) -> int:
     """The tokens of ``earlier`` after ``d`` (to its end) that ``new`` holds after ``d``: from
-    each position the longest run of ``earlier`` found anywhere in ``new[d:]``, marked when at
-    least :data:`RUN` tokens long; then each stretch of consecutive marked tokens counts when
-    :data:`MIN_CONTENT` of its tokens start in the request's own text (:func:`content_of`)."""
-    e, tail = earlier.tokens, new.tokens[d:]
-    marked = [False] * len(e)
-    i = d
+    each position the longest run of ``earlier`` found anywhere in ``new[d:]``; one of at
+    least :data:`RUN` tokens, :data:`MIN_CONTENT` of them starting in the request's own text
+    (:func:`content_of`), is counted and passed over, else the next position is tried."""
+    e, tail, own = earlier.tokens, new.tokens[d:], content_of(earlier)
+    total, i = 0, d
     while i < len(e):
         longest = 0
         for j in range(len(tail)):
@@ -188,22 +187,11 @@ def repeated(earlier: Prompt, new: Prompt, d: int) -> int:
             while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
                 n += 1
             longest = max(longest, n)
-        if longest >= RUN:
-            marked[i : i + longest] = [True] * longest
+        if longest >= RUN and sum(own[i : i + longest]) >= MIN_CONTENT:
+            total += longest
             i += longest
         else:
             i += 1
-    own = content_of(earlier)
-    total, stretch = 0, 0
-    text_in_stretch = 0
-    for i in range(d, len(e) + 1):
-        if i < len(e) and marked[i]:
-            stretch += 1
-            text_in_stretch += own[i]
-            continue
-        if text_in_stretch >= MIN_CONTENT:
-            total += stretch
-        stretch = text_in_stretch = 0
     return total
 
 

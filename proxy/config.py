@@ -134,6 +134,8 @@ class AccountingConfig:
     cache_entries: int = field(default=1024, metadata={"ge": 1})
     attribution: bool = True
     attribution_history: int = field(default=64, metadata={"ge": 1})
+    attribution_cache_mb: float = field(default=64.0, metadata={"gt": 0})
+    schema_entries: int = field(default=256, metadata={"ge": 1})
     conversation_header: str = "X-Conversation-Id"
 
 

@@ -1044,7 +1044,7 @@ class TestNoTools:
         assert toy.lookups() == 0
         assert record.schema_tokens is None
         assert record.accounting_error is None
-        assert (await schemas(proxy)) == {"prefilled_again": 0, "by_hash": {}}
+        assert (await schemas(proxy)) == {"prefilled_again": 0, "by_hash": {}, "evicted": 0}
 
     async def test_accounting_off_makes_no_lookups(
         self, toy: ToyLlama, make_proxy: ProxyFactory

@@ -108,7 +108,7 @@ class TestStatsDocument:
         assert first["schemas"] == accounting.snapshot()
         doc.build(accounting)
         assert stats.builds == 1
-        accounting.per_tool[(None, "abc", 12)] = {"read_file": 12}
+        accounting.per_tool.put((None, "abc", 12), {"read_file": 12})
         doc.build(accounting)
         assert stats.builds == 2
 

@@ -107,7 +107,7 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
     )
     counted = obs is not None and obs.analysed
     recognised = counted and o.recognised
-    valid = tool_calls_valid(o.tool_calls, facts.tool_names)
+    valid = None if o.arguments_dropped else tool_calls_valid(o.tool_calls, facts.tool_names)
     analysis_error = facts.error or o.analysis_error
     if timings is not None and timings.implausible and analysis_error is None:
         analysis_error = "implausible_timings:" + ",".join(timings.implausible)
@@ -135,7 +135,9 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         tool_call_valid=valid,
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,
         tool_call_tokens=tool_tokens,
-        tool_args_chars=sum(len(c.arguments) for c in o.tool_calls) if o.tool_calls else None,
+        tool_args_chars=sum(len(c.arguments) for c in o.tool_calls)
+        if o.tool_calls and not o.arguments_dropped
+        else None,
         max_tokens=request_limit(facts.body),
         reasoning_ms=ms(_span(o.reasoning_first_s, o.reasoning_last_s)),
         reasoning_share=ratio(ms(_span(o.reasoning_first_s, o.reasoning_last_s)), ms(o.tool_call_s))

@@ -51,6 +51,10 @@ MAX_REASONING_BYTES = 256 * 1024
 """Reasoning text kept per response (to count its tokens); beyond it, the text is dropped
 and only its times are kept."""
 
+MAX_ARGUMENT_BYTES = 256 * 1024
+"""Tool-call argument text kept per response (to check and count it); beyond it, every
+call's arguments are dropped, and the fields read from them are unknown."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -97,6 +101,8 @@ class Observation:
     call_cut: bool = False
     """A whole body showed its last call cut by the token limit where the call's arguments
     do not (the dialect's ``body_call_cut``)."""
+    arguments_dropped: bool = False
+    """The calls' arguments were over :data:`MAX_ARGUMENT_BYTES`: they are empty here."""
 
 
 @dataclass(slots=True)
@@ -155,6 +161,7 @@ class StreamTracker:
         self._model: str | None = None
         self._finish: str | None = None
         self._calls: dict[int, _Call] = {}
+        self._argument_size = 0
         self._error: str | None = None
         self._call_cut = False
         self._analysis_error: str | None = skip
@@ -480,7 +487,8 @@ class StreamTracker:
             call = self._calls.setdefault(index, _Call())
             if name is not None:
                 call.name = name  # a repeated name is the full new name, not a suffix
-            if args is not None:
+            if args is not None and self._argument_size <= MAX_ARGUMENT_BYTES:
+                self._argument_size += len(args)
                 call.arguments.append(args)
 
     def _read_body(self) -> None:
@@ -525,8 +533,10 @@ class StreamTracker:
         return self._observation(self._framer.oversized if self._framer is not None else 0)
 
     def _observation(self, oversized: int) -> Observation:
+        dropped = self._argument_size > MAX_ARGUMENT_BYTES
         calls = tuple(
-            ToolCall(i, c.name, "".join(c.arguments)) for i, c in sorted(self._calls.items())
+            ToolCall(i, c.name, "" if dropped else "".join(c.arguments))
+            for i, c in sorted(self._calls.items())
         )
         return Observation(
             first_byte_s=self._first_byte,
@@ -560,6 +570,7 @@ class StreamTracker:
             reasoning_last_s=self._reasoning_last,
             reasoning_text=self._reasoning_joined(),
             call_cut=self._call_cut,
+            arguments_dropped=dropped,
         )
 
     def _reasoning_joined(self) -> str | None:

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
+from proxy.core.bounded import Bounded
 from proxy.core.dialects import CHAT_COMPLETIONS, Dialect
 from proxy.core.dialects.base import ImagePart
 from proxy.core.images import (
@@ -64,7 +65,7 @@ from proxy.core.schema import (
     token_span,
 )
 from proxy.core.setup import tools_in_prompt
-from proxy.core.tracker import Observation
+from proxy.core.tracker import MAX_ARGUMENT_BYTES, Observation
 from proxy.serve.attribution import Attributor, LookupUnsupported
 from proxy.serve.tasks import spawn
 from proxy.serve.upstream import auth_headers
@@ -212,6 +213,8 @@ class Accounting:
         *,
         timeout_s: float = 10.0,
         cache_entries: int = 1024,
+        schema_entries: int = 256,
+        attribution_bytes: int = 64 << 20,
         on_event: Callable[..., None] | None = None,
         api_key: str | None = None,
         attribution: bool = False,
@@ -227,10 +230,12 @@ class Accounting:
         self._on_event = on_event or (lambda *a, **k: None)
         self._session: aiohttp.ClientSession | None = None
         self._cache: OrderedDict[str, asyncio.Task[SchemaInfo]] = OrderedDict()
-        self.schemas: dict[tuple[str | None, str], _SchemaTotals] = {}
+        self.schemas: Bounded[tuple[str | None, str], _SchemaTotals] = Bounded(schema_entries)
         """Totals per (model, schema hash); the model is ``None`` unless the upstream is a
         router."""
-        self.per_tool: dict[tuple[str | None, str, int], dict[str, int]] = {}
+        self.per_tool: Bounded[tuple[str | None, str, int], dict[str, int]] = Bounded(
+            schema_entries
+        )
         """Leave-one-out counts per (the request's model, schema hash, schema tokens): the
         tokens of the rendering they were counted on, so ``/stats`` shows them beside the
         total they belong to."""
@@ -251,6 +256,7 @@ class Accounting:
                 on_event=self._on_event,
                 context_size=context_size,
                 routed=self.routed,
+                max_bytes=attribution_bytes,
             )
             if attribution
             else None
@@ -465,7 +471,7 @@ class Accounting:
                 per_tool = await self._per_tool(dialect, body, tools, info)
             except Exception:
                 return
-            self.per_tool[(_model_of(body), info.hash, info.tokens)] = per_tool
+            self.per_tool.put((_model_of(body), info.hash, info.tokens), per_tool)
 
         _ = spawn(run(), self._background)
 
@@ -709,7 +715,9 @@ class Accounting:
     ) -> None:
         """The tokens of what the model wrote that the server's counts do not split out:
         the calls' arguments and the reasoning, into ``fields`` (failures into ``errors``)."""
-        if obs.tool_calls:
+        if obs.tool_calls and obs.arguments_dropped:
+            errors.append(f"tool_args: over {MAX_ARGUMENT_BYTES // 1024} KiB, not counted")
+        elif obs.tool_calls:
             try:
                 tokens, source = await asyncio.wait_for(
                     self._args_tokens(obs, model), self._timeout
@@ -762,7 +770,7 @@ class Accounting:
         totals = self.schemas.get((model, info.hash))
         if totals is None:
             totals = _SchemaTotals(info.tokens, info.tools, info.source)
-            self.schemas[(model, info.hash)] = totals
+            self.schemas.put((model, info.hash), totals)
         seen_before = totals.calls > 0
         cost = schema_cost(
             info.tokens,
@@ -825,7 +833,11 @@ class Accounting:
                 by_hash[h] = entry
             else:
                 by_hash[f"{model}/{h}"] = {"model": model, "hash": h, **entry}
-        return {"prefilled_again": self.prefilled_again, "by_hash": by_hash}
+        return {
+            "prefilled_again": self.prefilled_again,
+            "by_hash": by_hash,
+            "evicted": self.schemas.evicted,
+        }
 
     def _per_tool_of(self, model: str | None, h: str, tokens: int) -> dict[str, int] | None:
         """The per-tool counts taken on a rendering whose schema cost ``tokens`` (the same

@@ -169,6 +169,8 @@ async def _start_accounting(
         api_key=config.upstream.api_key,
         attribution=config.accounting.attribution,
         attribution_history=config.accounting.attribution_history,
+        attribution_bytes=int(config.accounting.attribution_cache_mb * (1 << 20)),
+        schema_entries=config.accounting.schema_entries,
         show_diff_text=config.privacy.show_diff_text,
         conversation_header=config.accounting.conversation_header,
         context_size=lambda model: meta.n_ctx if (meta := model_info.meta_of(model)) else None,

@@ -58,6 +58,13 @@ def conversation_id_of(body: dict[str, Any] | None) -> str | None:
     return user_id if isinstance(user_id, str) and user_id else None
 
 
+def _size(task: asyncio.Task[RenderedPrompt]) -> int:
+    """What a cached rendering holds (0 while in flight or failed)."""
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return 0
+    return task.result().nbytes
+
+
 def _around(prompt: RenderedPrompt, token: int) -> dict[str, str]:
     """Up to :data:`DIFF_CONTEXT` characters of the rendered text on each side of ``token``."""
     text = prompt.text or ""
@@ -101,6 +108,7 @@ class Attributor:
         on_event: Callable[..., None] | None = None,
         context_size: Callable[[str | None], int | None] = lambda _: None,
         routed: Callable[[], bool] = lambda: False,
+        max_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._post = post
@@ -109,12 +117,13 @@ class Attributor:
         self._unsupported: asyncio.Future[RenderedPrompt] | None = None
         self._keep_text = keep_text
         self._max = cache_entries
+        self._max_bytes = max_bytes
         self._cache: OrderedDict[str, asyncio.Task[RenderedPrompt]] = OrderedDict()
         self._background: set[asyncio.Future[None]] = set()
         self._slots = asyncio.Semaphore(2)
         self._offsets: dict[str, int] = {}
         """The tokens the tokenizer adds before a text (BOS), per model key."""
-        self.history = PromptHistory(size=history)
+        self.history = PromptHistory(size=history, max_bytes=max_bytes)
         self.findings = Findings()
         self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._on_event = on_event or (lambda *a, **k: None)
@@ -152,9 +161,24 @@ class Attributor:
             return task
         task = spawn(self._render(chat), self._background)
         self._cache[key] = task
+        self._trim()
+        task.add_done_callback(lambda _: self._trim())  # its size is known once it is done
+        return task
+
+    def _trim(self) -> None:
+        """Keep the renderings within the count and the bytes (the least recent go; one in
+        flight counts nothing until it is done)."""
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
-        return task
+        total = self.cached_bytes
+        while total > self._max_bytes and len(self._cache) > 1:
+            _, task = self._cache.popitem(last=False)
+            total -= _size(task)
+
+    @property
+    def cached_bytes(self) -> int:
+        """About the memory the cached renderings take."""
+        return sum(_size(t) for t in self._cache.values())
 
     async def _render(self, chat: dict[str, Any]) -> RenderedPrompt:
         try:

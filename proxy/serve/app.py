@@ -239,14 +239,15 @@ class _Announcer:
     def started(self, *_banner: Any) -> None:
         """``run_app``'s ``print``: called once every site is listening."""
         config = self._app[CONFIG]
-        self.listening = True
         self._app[ADMIN_READY].set()  # the admin pages answer from now on
+        # raises when the log file cannot take its first line (the CLI says so in one line)
         self._log.info(
             "proxy_started",
             listen=f"{config.server.host}:{config.server.port}",
             admin=config.admin.listen,
             upstream=config.upstream.url,
         )
+        self.listening = True
         _ = spawn(self._check(), self._app[BACKGROUND])
 
     async def _check(self) -> None:

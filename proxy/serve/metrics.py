@@ -417,6 +417,9 @@ class _DroppedLines(Collector):
         self._dropped = dropped
 
     def collect(self) -> Iterator[Metric]:
+        dropped = self._dropped()
+        if not dropped:  # the logging was not set up here (an embedding, a test): no outputs
+            return
         family = CounterMetricFamily(
             "timing_proxy_records_dropped",
             "JSON log lines (request records and the proxy's events) an output could not "
@@ -424,7 +427,7 @@ class _DroppedLines(Collector):
             "or broken). Said on stderr too, at most once a minute per sink.",
             labels=["sink"],
         )
-        for sink, count in self._dropped().items():
+        for sink, count in dropped.items():
             family.add_metric([sink], count)
         yield family
 

@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.commands.cli import _parser
 from proxy.commands.ports import free_port
 from proxy.config import load_config, parse_listen
+from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
 from proxy.serve.metrics import Metrics
 from tests.test_metrics import BOARD_SAMPLE, every_family_record
 
@@ -268,13 +269,31 @@ def test_proxy_listens_on_all_interfaces_but_publishes_on_loopback(
 def test_stop_grace_period_exceeds_the_drain_time(
     services: dict[str, Any], proxy_cmd: list[str], final: dict[str, list[Instruction]]
 ) -> None:
-    """Docker waits longer than shutdown_drain_s before SIGKILL, so streams can drain."""
+    """Docker waits longer than the proxy may take to exit (shutdown_drain_s, then
+    SHUTDOWN_AFTER_DRAIN_S, then the span export's bound) before SIGKILL, so streams get
+    the whole drain and the cut ones' records are written."""
     # the container loads the repository's config.toml, copied to the path --config names
     copies = {tuple(inst.args.split()) for inst in final["COPY"]}
     assert ("config.toml", flag_value(proxy_cmd, "--config")) in copies
     config = load_config(ROOT / "config.toml")
     grace = go_duration_s(services["timing-proxy"]["stop_grace_period"])
-    assert grace > config.server.shutdown_drain_s
+    exit_within = (
+        config.server.shutdown_drain_s + SHUTDOWN_AFTER_DRAIN_S + config.otel.export_timeout_s
+    )
+    assert grace > exit_within
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "compose.yaml", "README.md"])
+def test_the_deployment_files_state_the_configs_drain(name: str) -> None:
+    """Where docker/'s files state the drain or the time after it, they state the image's
+    config.toml's shutdown_drain_s and the proxy's SHUTDOWN_AFTER_DRAIN_S."""
+    config = load_config(ROOT / "config.toml")
+    text = " ".join((DOCKER / name).read_text(encoding="utf-8").replace("#", " ").split())
+    drains = re.findall(r"shutdown_drain_s`? \((\d+(?:\.\d+)?) s", text)
+    assert drains, f"{name} does not state the drain"
+    assert {float(d) for d in drains} == {config.server.shutdown_drain_s}
+    after = re.findall(r"(\d+(?:\.\d+)?) s after (?:the drain|it)", text)
+    assert {float(a) for a in after} <= {SHUTDOWN_AFTER_DRAIN_S}
 
 
 def test_sigterm_reaches_the_proxy_directly(

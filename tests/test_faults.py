@@ -40,7 +40,7 @@ from proxy.commands.provision import LlamaServer
 from proxy.config import Config, load_config
 from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.core.record import Kind, Outcome, Record
-from proxy.serve.app import SINKS, upstream_session
+from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S, SINKS, upstream_session
 from tests.conftest import Captured, ProxyFactory, ProxyUnderTest
 from tests.fakes import (
     DONE,
@@ -543,14 +543,15 @@ class TestGracefulShutdown:
     def test_run_starts_aiohttp_with_handler_cancellation_and_the_drain(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """``run`` passes handler_cancellation=True and shutdown_timeout=shutdown_drain_s."""
+        """``run`` passes handler_cancellation=True, and a shutdown_timeout past the drain:
+        the relay cuts streams at ``shutdown_drain_s``, aiohttp's timeout is the backstop."""
         config = load_config(
             None, {"server": {"shutdown_drain_s": 7.5}, "accounting": {"enabled": False}}
         )
         app, kwargs = run_app_arguments(config, monkeypatch)
         assert isinstance(app, web.Application)
         assert kwargs["handler_cancellation"] is True  # aiohttp's default is False (B11)
-        assert kwargs["shutdown_timeout"] == 7.5
+        assert kwargs["shutdown_timeout"] == 7.5 + SHUTDOWN_AFTER_DRAIN_S
         assert (kwargs["host"], kwargs["port"]) == (config.server.host, config.server.port)
 
     async def test_stream_within_the_drain_completes(

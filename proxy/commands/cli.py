@@ -203,12 +203,11 @@ def _serve(args: argparse.Namespace) -> int:
     overrides["upstream"]["url"] = args.upstream
     overrides["log"]["file"] = args.log_file
     config = load_config(args.config, overrides)
-    sinks = configure_logging(config.log.level, config.log.file)
+    outputs = configure_logging(config.log.level, config.log.file)
     try:
         run(config)
     finally:
-        for sink in sinks[1:]:
-            sink.close()
+        outputs.close()
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -49,7 +50,7 @@ from proxy.serve.keys import (
     RecordSink,
 )
 from proxy.serve.listener import listener_args
-from proxy.serve.logs import get_logger
+from proxy.serve.logs import get_logger, reopen_log_file
 from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
 from proxy.serve.otel import OtelSpanCollector, otel_sink_for
@@ -64,8 +65,10 @@ from proxy.serve.upstream import check_upstream, upstream_session
 __all__ = [
     "ACCOUNTING",
     "CONFIG",
+    "RECORD_GRACE_S",
     "RELAY",
     "SESSION",
+    "SHUTDOWN_AFTER_DRAIN_S",
     "SINKS",
     "STATS",
     "PortInUse",
@@ -76,6 +79,17 @@ __all__ = [
 ]
 
 Clock = Callable[[], float]
+
+RECORD_GRACE_S = 1.0
+"""After the shutdown drain, how long the records still being completed (their accounting
+look-ups) may take before the look-ups are cancelled; the records are written all the same,
+with the reason."""
+
+SHUTDOWN_AFTER_DRAIN_S = 2.0
+"""The proxy exits within ``[server] shutdown_drain_s`` plus this (:data:`RECORD_GRACE_S`,
+then closing the sessions and the admin listener), plus ``[otel] export_timeout_s`` when
+spans are exported. A supervisor's grace period (compose's ``stop_grace_period``) must be
+longer than the sum."""
 
 
 class PortInUse(OSError):
@@ -212,9 +226,10 @@ def _upstream_context(
         app[MODEL_INFO].attach(session)
         app[SETUP].attach(session)
         yield
-        # look-ups still running get the drain time streams got, then are cancelled: their
-        # records are written all the same, with the reason, before the sessions close
-        await relay.drain(within_s=config.server.shutdown_drain_s)
+        # look-ups still running get what is left of the drain (at least RECORD_GRACE_S),
+        # then are cancelled: their records are written all the same, with the reason,
+        # before the sessions close
+        await relay.drain(within_s=max(relay.drain_left_s(), RECORD_GRACE_S))
         if accounting is not None:
             await accounting.close()
         await relay.drain()
@@ -238,7 +253,13 @@ async def _cancel(tasks: set[asyncio.Future[Any]]) -> None:
 
 
 async def _stop_relaying(app: web.Application) -> None:
-    app[RELAY].shutting_down = True
+    app[RELAY].stop(app[CONFIG].server.shutdown_drain_s)
+
+
+async def _reopen_log_on_hup(app: web.Application) -> None:
+    """``SIGHUP`` (logrotate's ``postrotate kill -HUP``) reopens the log file at its path,
+    instead of ending the process."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reopen_log_file)
 
 
 async def _freeze_gc(app: web.Application) -> None:
@@ -260,14 +281,15 @@ class _Announcer:
     def started(self, *_banner: Any) -> None:
         """``run_app``'s ``print``: called once every site is listening."""
         config = self._app[CONFIG]
-        self.listening = True
         self._app[ADMIN_READY].set()  # the admin pages answer from now on
+        # raises when the log file cannot take its first line (the CLI says so in one line)
         self._log.info(
             "proxy_started",
             listen=f"{config.server.host}:{config.server.port}",
             admin=config.admin.listen,
             upstream=config.upstream.url,
         )
+        self.listening = True
         _ = spawn(self._check(), self._app[BACKGROUND])
 
     async def _check(self) -> None:
@@ -306,6 +328,7 @@ def _admin_listener(app: web.Application) -> AsyncIterator[None]:
 
 def run(config: Config) -> None:
     """Serve until SIGINT/SIGTERM; streams in flight get ``shutdown_drain_s`` to finish.
+    SIGHUP reopens the log file.
 
     ``proxy_started`` is logged once both sockets listen. When one cannot be bound (the
     port is in use) the ``OSError`` propagates from here, after the app was cleaned up, with
@@ -319,12 +342,15 @@ def run(config: Config) -> None:
     # not clean up after a failed setup), and the pages stay up through the drain
     app.cleanup_ctx.insert(0, _admin_listener)
     app.on_startup.append(_freeze_gc)
+    app.on_startup.append(_reopen_log_on_hup)
     app.on_cleanup.append(announcer.stopped)
     kwargs: dict[str, Any] = {
         "host": config.server.host,
         "port": config.server.port,
         "handler_cancellation": True,  # a client hang-up must cancel the upstream request
-        "shutdown_timeout": config.server.shutdown_drain_s,
+        # the relay cuts the streams at the drain (Relay.stop); aiohttp's timeout, applied
+        # after it, is only the backstop (cutting at the same instant races aiohttp)
+        "shutdown_timeout": config.server.shutdown_drain_s + SHUTDOWN_AFTER_DRAIN_S,
         "access_log": None,
         # run_app calls ``print`` after every site has started: the only hook after binding
         "print": announcer.started,

@@ -1,9 +1,10 @@
-"""structlog set-up: JSON lines rendered by orjson, to stdout and optionally a file.
+"""structlog set-up: JSON lines rendered by orjson, to the log file if any, and stdout.
 
 The recipe is structlog's ``docs/performance.md`` one (orjson serializer, bytes output,
 UTC ISO timestamps). Each line is one event; ``request_completed`` carries the record's
 fields flat at the top level, so ``tail -f requests.jsonl | jq`` works. Prompts,
-completions and credentials are never passed to a logger.
+completions and credentials are never passed to a logger. How each line reaches its
+outputs, and what a failed write does: :mod:`proxy.serve.log_outputs`.
 
 ``request_completed``, one line per request, does not go through structlog's processors
 when this module's set-up is the one in force (:func:`write_record_line`): orjson renders
@@ -14,7 +15,6 @@ the record dataclass itself between the keys the processors would add, to the sa
 from __future__ import annotations
 
 import logging
-import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -24,8 +24,16 @@ from structlog.contextvars import get_contextvars
 from structlog.typing import Processor
 
 from proxy.core.record import Record
+from proxy.serve.log_outputs import LogOutputs, Output, stdout_stream
 
-__all__ = ["TeeBytesLogger", "configure_logging", "get_logger", "write_record_line"]
+__all__ = [
+    "TeeBytesLogger",
+    "configure_logging",
+    "dropped_lines",
+    "get_logger",
+    "reopen_log_file",
+    "write_record_line",
+]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -36,29 +44,30 @@ _LEVELS = {
 
 
 class TeeBytesLogger:
-    """Writes each rendered line to every sink and flushes, so tailing sees whole lines."""
+    """Writes each rendered line, whole, to every output (unbuffered), so tailing sees
+    whole lines."""
 
-    def __init__(self, sinks: list[IO[bytes]]) -> None:
-        self._sinks = sinks
+    def __init__(self, outputs: LogOutputs) -> None:
+        self.outputs = outputs
 
     def msg(self, message: bytes) -> None:
         """Write one line."""
-        line = message + b"\n"
-        for sink in self._sinks:
-            sink.write(line)
-            sink.flush()
+        self.outputs.write(message + b"\n")
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
 def configure_logging(
     level: str = "info", file: str | None = None, stream: IO[bytes] | None = None
-) -> list[IO[bytes]]:
-    """Configure structlog globally; returns the opened sinks (the caller closes files)."""
-    sinks: list[IO[bytes]] = [stream if stream is not None else sys.stdout.buffer]
+) -> LogOutputs:
+    """Configure structlog globally: lines to ``file`` (opened here: an ``OSError`` naming
+    it when it cannot be), then to ``stream`` (stdout by default). The caller closes the
+    returned outputs at exit."""
+    outputs = [Output("stdout", stream if stream is not None else stdout_stream())]
     if file:
-        sinks.append(open(file, "ab"))  # noqa: SIM115 - closed by the caller at shutdown
-    tee = TeeBytesLogger(sinks)
+        opened = open(file, "ab", buffering=0)  # noqa: SIM115 - closed by LogOutputs.close
+        outputs.insert(0, Output("file", opened, file, must_start=True))
+    tee = TeeBytesLogger(LogOutputs(outputs))
 
     def factory(*_args: Any) -> TeeBytesLogger:
         return tee
@@ -78,7 +87,23 @@ def configure_logging(
     )
     global _direct  # the set-up in force is global, as structlog's own is
     _direct = _DirectLines(tee, processors, _LEVELS[level])
-    return sinks
+    return tee.outputs
+
+
+def dropped_lines() -> dict[str, int]:
+    """Lines each output (``file``, ``stdout``) dropped since :func:`configure_logging`;
+    empty when it was not called."""
+    direct = _direct
+    return direct.tee.outputs.dropped() if direct is not None else {}
+
+
+def reopen_log_file() -> None:
+    """Reopen the log file at its path (logrotate's ``postrotate kill -HUP``) and say so in
+    the new file; nothing without one."""
+    direct = _direct
+    if direct is not None:
+        for path in direct.tee.outputs.reopen():
+            get_logger().info("log_file_reopened", path=path)
 
 
 class _DirectLines:

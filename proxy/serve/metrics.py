@@ -24,7 +24,7 @@ merges them into one, each sample labelled with its ``model``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -37,11 +37,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.core.findings import Cause
 from proxy.core.record import Outcome, Record
+from proxy.serve.logs import dropped_lines
 
 __all__ = ["CONTENT_TYPE", "MAX_MODELS", "Metrics", "per_model_page"]
 
@@ -123,9 +124,14 @@ families: set from the latest sample when the page is rendered."""
 class Metrics:
     """The proxy's own metrics, fed one record at a time."""
 
-    def __init__(self, labels: Mapping[str, str] = NO_LABELS) -> None:
+    def __init__(
+        self,
+        labels: Mapping[str, str] = NO_LABELS,
+        dropped: Callable[[], Mapping[str, int]] = dropped_lines,
+    ) -> None:
         """``labels``: the fleet's constant labels (``parse_labels`` of ``[fleet] labels``),
-        on every sample of the page; none by default."""
+        on every sample of the page; none by default. ``dropped``: the log lines each output
+        dropped so far (the logging set-up's, by default)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.labels: dict[str, str] = dict(labels)
@@ -261,6 +267,7 @@ class Metrics:
         )
         self.board = _BoardGauges()
         r.register(self.board)
+        r.register(_DroppedLines(dropped))
         self.upstream_up = Gauge(
             "timing_proxy_upstream_metrics_up",
             "1 when llama-server's own /metrics were merged into this "
@@ -400,6 +407,31 @@ class _BoardGauges(Collector):
         for key, value in self.latest.items():
             name, doc = BOARD_GAUGES[key]
             yield GaugeMetricFamily(name, doc, value=value)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+class _DroppedLines(Collector):
+    """``timing_proxy_records_dropped_total{sink}``: log lines an output could not write."""
+
+    def __init__(self, dropped: Callable[[], Mapping[str, int]]) -> None:
+        self._dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        dropped = self._dropped()
+        if not dropped:  # the logging was not set up here (an embedding, a test): no outputs
+            return
+        family = CounterMetricFamily(
+            "timing_proxy_records_dropped",
+            "JSON log lines (request records and the proxy's events) an output could not "
+            "write, after one retry: sink=file (--log-file: a full disk) or stdout (closed "
+            "or broken). Said on stderr too, at most once a minute per sink.",
+            labels=["sink"],
+        )
+        for sink, count in dropped.items():
+            family.add_metric([sink], count)
+        yield family
 
     def describe(self) -> list[Metric]:
         return []

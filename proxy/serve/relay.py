@@ -133,6 +133,9 @@ class Relay:
         self._last_end = 0.0
         """Loop time the last exchange ended."""
         self._in_flight = 0
+        self._handlers: set[asyncio.Task[Any]] = set()
+        """The handler tasks of the requests in flight, for the end of the shutdown drain."""
+        self._drain_ends: float | None = None
         self._settings = settings
         self._intake = Intake(
             settings.max_body_bytes, settings.max_header_bytes, settings.read_timeout_s
@@ -150,6 +153,9 @@ class Relay:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """aiohttp handler for every path the proxy does not reserve for itself."""
         self._in_flight += 1
+        task = asyncio.current_task()
+        assert task is not None  # aiohttp runs each request's handler in a task of its own
+        self._handlers.add(task)
         flight = _Flight(
             t0=self._clock(),
             wall=time.time(),
@@ -175,6 +181,7 @@ class Relay:
             )
         finally:
             self._in_flight -= 1
+            self._handlers.discard(task)
             if flight.headers_sent:  # the agent has the response, or all it will get
                 self._finish_later(request, flight)
             else:  # a reply aiohttp sends after this (a refusal): its record first, as ever
@@ -729,6 +736,26 @@ class Relay:
             except Exception as exc:  # the record is still written, with the reason
                 record = record.replace(telemetry_error=type(exc).__name__)
         self._on_record(record, facts, obs)
+
+    def stop(self, drain_s: float) -> None:
+        """Shutdown has begun (the listener is closed): requests in flight get ``drain_s``
+        to end, then are cancelled, and recorded ``shutdown_aborted``. aiohttp's own
+        ``shutdown_timeout`` waits that long twice (for the handler, then again after
+        cancelling only the request's body), so the relay cuts at the drain itself."""
+        self.shutting_down = True
+        loop = asyncio.get_running_loop()
+        self._drain_ends = loop.time() + drain_s
+        loop.call_at(self._drain_ends, self._cancel_in_flight)
+
+    def _cancel_in_flight(self) -> None:
+        for task in self._handlers:
+            task.cancel()
+
+    def drain_left_s(self) -> float:
+        """Seconds left of the shutdown drain: 0 once it ended, or before :meth:`stop`."""
+        if self._drain_ends is None:
+            return 0.0
+        return max(0.0, self._drain_ends - asyncio.get_running_loop().time())
 
     async def drain(self, within_s: float | None = None) -> None:
         """Wait for records still being completed (at shutdown), at most ``within_s``;

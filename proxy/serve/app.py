@@ -26,6 +26,7 @@ from proxy.core.stats import Stats
 from proxy.core.timestamps import iso_utc
 from proxy.serve.accounting import Accounting
 from proxy.serve.admin import AdminThread
+from proxy.serve.exposure import warn_at_start
 from proxy.serve.handlers import admin_errors, admin_ready, auth_middleware, route, route_admin
 from proxy.serve.keys import (
     ACCOUNTING,
@@ -247,8 +248,9 @@ async def _freeze_gc(app: web.Application) -> None:
 
 
 class _Announcer:
-    """``proxy_started`` once the socket listens (then the upstream check, in the
-    background), and ``proxy_stopped`` at cleanup only if it had started."""
+    """``proxy_started`` once the socket listens (then the warnings of what the config
+    exposes, :mod:`proxy.serve.exposure`, and the upstream check, in the background), and
+    ``proxy_stopped`` at cleanup only if it had started."""
 
     def __init__(self, app: web.Application, log: Any) -> None:
         self._app = app
@@ -266,6 +268,7 @@ class _Announcer:
             admin=config.admin.listen,
             upstream=config.upstream.url,
         )
+        warn_at_start(config, self._log)
         _ = spawn(self._check(), self._app[BACKGROUND])
 
     async def _check(self) -> None:

@@ -161,6 +161,7 @@ class AccountingConfig:
 @dataclass(frozen=True, slots=True)
 class PrivacyConfig:
     show_diff_text: bool = False
+    raw_conversation_ids: bool = False  # False: the body's user ids are logged as u:<hash>
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,6 +171,7 @@ async def _start_accounting(
         attribution=config.accounting.attribution,
         attribution_history=config.accounting.attribution_history,
         show_diff_text=config.privacy.show_diff_text,
+        raw_conversation_ids=config.privacy.raw_conversation_ids,
         conversation_header=config.accounting.conversation_header,
         context_size=lambda model: meta.n_ctx if (meta := model_info.meta_of(model)) else None,
     )

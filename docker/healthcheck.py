@@ -3,10 +3,10 @@
 Usage: ``python healthcheck.py [URL]`` (default ``http://127.0.0.1:8081/stats``).
 
 Standard library only (the slim image has no curl). The proxy counts as alive when the URL
-answers 2xx, or 401: with ``[server] auth_token`` set, ``/stats`` wants the bearer token, and a
-401 still proves that the event loop runs and answers. Anything else (no answer within the
-timeout, a refused connection, another status) is unhealthy. Environment proxies
-(``HTTP_PROXY`` ...) are ignored: the check must reach the container's own loopback.
+answers 2xx, or 401: with ``[admin] auth_token`` set (the image sets it), ``/stats`` wants the
+bearer token, and a 401 still proves that the event loop runs and answers. Anything else (no
+answer within the timeout, a refused connection, another status) is unhealthy. Environment
+proxies (``HTTP_PROXY`` ...) are ignored: the check must reach the container's own loopback.
 """
 
 from __future__ import annotations

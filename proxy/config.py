@@ -71,21 +71,42 @@ def _nonempty(value: str) -> str:
     return value
 
 
+_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+
+
+def _shown(url: str) -> str:
+    """``url`` as an error may quote it: any ``user:password@`` replaced by ``***@``."""
+    return repr(_USERINFO.sub("***@", url, count=1))
+
+
 def _check_url(value: str) -> str:
     if any(c.isspace() for c in value):
-        raise ValueError(f"must not contain whitespace, got {value!r}")
+        raise ValueError(f"must not contain whitespace, got {_shown(value)}")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - raises ValueError for a malformed port
     except ValueError as exc:
-        raise ValueError(f"is not a valid URL ({exc}), got {value!r}") from None
+        raise ValueError(f"is not a valid URL ({exc}), got {_shown(value)}") from None
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        raise ValueError(f"must be an http:// or https:// URL, got {_shown(value)}")
     if not parts.hostname:
-        raise ValueError(f"must name a host, got {value!r}")
+        raise ValueError(f"must name a host, got {_shown(value)}")
     if "?" in value or "#" in value:
-        raise ValueError(f"must not have a query or fragment, got {value!r}")
+        raise ValueError(f"must not have a query or fragment, got {_shown(value)}")
     return value.rstrip("/")
+
+
+def _check_upstream_url(value: str) -> str:
+    """An upstream URL without credentials: aiohttp turns a ``user:password@`` into a Basic
+    ``Authorization`` of every request and refuses one that has its own (the OpenAI SDK always
+    sends one), and llama-server takes its key as a bearer token: ``[upstream] api_key``."""
+    url = _check_url(value)
+    if "@" in urlsplit(url).netloc:
+        raise ValueError(
+            f"must not carry credentials (user:password@), got {_shown(url)}: "
+            "put llama-server's --api-key in [upstream] api_key instead"
+        )
+    return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +119,7 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
-    url: str = field(default="http://127.0.0.1:8080", metadata={"check": _check_url})
+    url: str = field(default="http://127.0.0.1:8080", metadata={"check": _check_upstream_url})
     connect_timeout_s: float = field(default=5.0, metadata={"gt": 0})
     header_timeout_s: float = field(default=0.0, metadata={"ge": 0})  # 0 = off
     idle_timeout_s: float = field(default=300.0, metadata={"ge": 0})  # 0 = off
@@ -142,6 +163,7 @@ class AccountingConfig:
 @dataclass(frozen=True, slots=True)
 class PrivacyConfig:
     show_diff_text: bool = False
+    raw_conversation_ids: bool = False  # False: the body's user ids are logged as u:<hash>
 
 
 @dataclass(frozen=True, slots=True)

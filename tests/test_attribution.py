@@ -235,8 +235,9 @@ class TestAttribution:
         assert record.diverged_text["before"].endswith(f"{SYSTEM} Time:")
 
     async def test_explicit_conversation_id(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
-        """An agent that names its conversation (``user``) is grouped by that name."""
-        proxy = await start(make_proxy, toy)
+        """An agent that names its conversation (``user``) is grouped by that name (as sent
+        with ``[privacy] raw_conversation_ids``; tests/test_faults_secrets.py: hashed)."""
+        proxy = await start(make_proxy, toy, raw_conversation_ids=True)
         first = await send(proxy, toy, {**clocked(1), "user": "arm-1"}, 0, 1)
         second = await send(proxy, toy, {**body_of([READ_FILE]), "user": "arm-1"}, 0, 2)
         assert [(r.conversation, r.turn) for r in (first, second)] == [("arm-1", 1), ("arm-1", 2)]

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.commands.cli import _parser
 from proxy.commands.ports import free_port
-from proxy.config import load_config, parse_listen
+from proxy.config import ConfigError, load_config, parse_listen
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
 from proxy.serve.metrics import Metrics
 from tests.test_metrics import BOARD_SAMPLE, every_family_record
@@ -200,6 +200,15 @@ def listen_port(args: list[str]) -> int:
 def admin_port(args: list[str]) -> int:
     """The admin listener's port (``/stats``, ``/metrics``, ``/dashboard``)."""
     return parse_listen(flag_value(args, "--admin-listen"))[1]
+
+
+def token_variable(args: list[str]) -> str | None:
+    """The environment variable the command takes the admin token from, if it names one."""
+    return flag_value(args, "--admin-token-env") if "--admin-token-env" in args else None
+
+
+ADMIN_TOKEN = "docker-test-token"
+"""The admin token the tests give a container, as ``docker run -e`` would."""
 
 
 # -- compose.yaml ------------------------------------------------------------------------------
@@ -414,20 +423,59 @@ def test_command_line_is_accepted_by_the_cli(
     source: str, proxy_cmd: list[str], final: dict[str, list[Instruction]]
 ) -> None:
     """The real CLI parser and config loader accept the proxy's container command line."""
+    from proxy.commands.cli import serve_config  # here: the module loads without it
+
     cmd = proxy_cmd if source == "compose" else image_cmd(final)
     args = _parser().parse_args(cmd)  # exits (SystemExit) on an unknown flag
     assert args.command == "serve"
-    host, port = parse_listen(args.listen)
-    config = load_config(
-        ROOT / "config.toml",
-        {
-            "server": {"host": host, "port": port},
-            "admin": {"listen": args.admin_listen},
-            "upstream": {"url": args.upstream},
-        },
-    )
+    args.config = str(ROOT / "config.toml")  # the file the image copies to --config's path
+    variable = token_variable(cmd)
+    config = serve_config(args, {variable: ADMIN_TOKEN} if variable else {})
     assert config.upstream.url == "http://llama-server:8080"
     assert config.admin.listen == "0.0.0.0:8082"
+
+
+@pytest.mark.parametrize("source", ["compose", "image"])
+def test_an_admin_listener_beyond_loopback_wants_a_token_from_the_environment(
+    source: str, proxy_cmd: list[str], services: dict[str, Any], final: dict[str, list[Instruction]]
+) -> None:
+    """The container's admin listener binds beyond loopback, so its command line takes the
+    admin token from an environment variable and refuses to start without one; with it,
+    the only start-up warning left is the agent's port (which a container must bind on
+    0.0.0.0). compose.yaml requires that variable (``${VAR:?...}``) for the proxy."""
+    from proxy.commands.cli import serve_config
+    from proxy.serve.exposure import is_loopback, startup_warnings
+
+    cmd = proxy_cmd if source == "compose" else image_cmd(final)
+    args = _parser().parse_args(cmd)
+    args.config = str(ROOT / "config.toml")
+    assert not is_loopback(parse_listen(args.admin_listen)[0])
+    variable = token_variable(cmd)
+    assert variable is not None, "the admin listener would start without a token"
+    with pytest.raises(ConfigError, match=f"--admin-token-env {variable}: the variable is unset"):
+        serve_config(args, {})
+    config = serve_config(args, {variable: ADMIN_TOKEN})
+    assert config.admin.auth_token == ADMIN_TOKEN
+    assert [w.event for w in startup_warnings(config)] == ["agent_listener_exposed"]
+    environment = services["timing-proxy"]["environment"]
+    assert re.fullmatch(rf"\$\{{{variable}:\?[^}}]+\}}", environment[variable])
+
+
+def test_prometheus_sends_the_admin_token(proxy_cmd: list[str], services: dict[str, Any]) -> None:
+    """Prometheus scrapes with the admin token as a bearer token, read from the secret that
+    compose.yaml mounts into its service (readable by its user, nobody) and fills from the
+    variable the proxy takes its token from."""
+    doc = yaml.safe_load((DOCKER / "prometheus.yml").read_text(encoding="utf-8"))
+    (job,) = doc["scrape_configs"]
+    auth = job["authorization"]
+    assert auth.get("type", "Bearer") == "Bearer"
+    folder, _, name = auth["credentials_file"].rpartition("/")
+    assert folder == "/run/secrets"
+    mounts = {m["source"]: m for m in services["prometheus"]["secrets"]}
+    assert mounts[name].get("target", name) == name
+    assert mounts[name]["mode"] == 0o444
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text(encoding="utf-8"))
+    assert compose["secrets"][name] == {"environment": token_variable(proxy_cmd)}
 
 
 # -- prometheus.yml ----------------------------------------------------------------------------
@@ -517,35 +565,50 @@ def _wait_listening(proc: subprocess.Popen[bytes], ports: tuple[int, ...], stder
                 time.sleep(0.05)
 
 
+def image_invocation(
+    final: dict[str, list[Instruction]], tmp_path: Path, config_text: str | None, token: str | None
+) -> tuple[list[str], dict[str, str], int, int]:
+    """The image's CMD as run here: its listeners moved to free loopback ports, an upstream
+    where nothing listens, ``config_text`` (or the repository's config.toml, the file the
+    image copies) as its config; the image's ENV, and the admin token in its variable as
+    ``docker run -e`` would set it (none: unset). The command, the environment, the ports."""
+    cmd = image_cmd(final)
+    port, admin = free_port(), free_port()
+    cmd[cmd.index("--listen") + 1] = f"127.0.0.1:{port}"
+    cmd[cmd.index("--admin-listen") + 1] = f"127.0.0.1:{admin}"
+    # nothing listens upstream: /stats must not depend on llama-server
+    cmd[cmd.index("--upstream") + 1] = f"http://127.0.0.1:{free_port()}"
+    config = tmp_path / "config.toml"
+    if config_text is None:
+        shutil.copyfile(ROOT / "config.toml", config)
+    else:
+        config.write_text(config_text, encoding="utf-8")
+    cmd[cmd.index("--config") + 1] = str(config)
+    env = dict(os.environ)
+    for inst in final["ENV"]:
+        for item in shlex.split(inst.args):
+            key, _, value = item.partition("=")
+            if key != "PATH":
+                env[key] = value
+    variable = token_variable(cmd)
+    if variable is not None:
+        env.pop(variable, None)
+        if token is not None:
+            env[variable] = token
+    return cmd, env, port, admin
+
+
 @pytest.fixture
 def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path) -> Iterator[Any]:
     """Start the image's CMD here, as ``python -m proxy``, with the image's ENV."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(config_text: str | None = None) -> Served:
-        cmd = image_cmd(final)
-        port, admin = free_port(), free_port()
-        cmd[cmd.index("--listen") + 1] = f"127.0.0.1:{port}"
-        cmd[cmd.index("--admin-listen") + 1] = f"127.0.0.1:{admin}"
-        # nothing listens upstream: /stats must not depend on llama-server
-        cmd[cmd.index("--upstream") + 1] = f"http://127.0.0.1:{free_port()}"
-        config = tmp_path / "config.toml"
-        if config_text is None:
-            shutil.copyfile(ROOT / "config.toml", config)  # the file the image copies
-        else:
-            config.write_text(config_text, encoding="utf-8")
-        cmd[cmd.index("--config") + 1] = str(config)
-        env = dict(os.environ)
-        for inst in final["ENV"]:
-            for item in shlex.split(inst.args):
-                key, _, value = item.partition("=")
-                if key != "PATH":
-                    env[key] = value
+        cmd, env, port, admin = image_invocation(final, tmp_path, config_text, ADMIN_TOKEN)
         stderr = tmp_path / "stderr.txt"
         with stderr.open("wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "proxy", *cmd],
-                cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 env=env,
@@ -564,18 +627,45 @@ def serve_image_cmd(final: dict[str, list[Instruction]], tmp_path: Path) -> Iter
 def test_image_cmd_serves_is_healthy_and_stops_on_sigterm(
     serve_image_cmd: Any, final: dict[str, list[Instruction]]
 ) -> None:
-    """The image's command line serves /stats on its admin listener, passes the healthcheck
-    and exits 0 on SIGTERM."""
+    """The image's command line, given its admin token, serves /stats on its admin listener
+    to a caller with the token (401 without), passes the healthcheck (which has none) and
+    exits 0 on SIGTERM."""
     served: Served = serve_image_cmd()
     (check,) = final["HEALTHCHECK"]
     image_url = healthcheck_url(json.loads(check.args.partition(" ")[2]))
     url = served.admin_url + urlsplit(image_url).path
     done = run_healthcheck(url)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "HTTP 200" in done.stdout
+    assert "HTTP 401" in done.stdout
+    authorized = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(authorized, timeout=5) as page:
+        assert page.status == 200
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(timeout=15) == 0, served.stderr.read_text()
     assert run_healthcheck(url).returncode == 1
+
+
+def test_image_cmd_without_its_token_refuses_to_start(
+    final: dict[str, list[Instruction]], tmp_path: Path
+) -> None:
+    """The image's command line without the admin token's variable exits 2 before
+    listening, with one ``timing-proxy: error:`` line naming the variable."""
+    cmd, env, _, _ = image_invocation(final, tmp_path, None, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the image's command line started without an admin token")
+    (line,) = err.decode().splitlines()
+    assert proc.returncode == 2
+    assert line.startswith("timing-proxy: error: --admin-token-env TIMING_PROXY_ADMIN_TOKEN:")
 
 
 def test_healthcheck_counts_401_as_alive(serve_image_cmd: Any) -> None:
@@ -627,6 +717,7 @@ def test_docker_compose_config_accepts_the_file() -> None:
     if cli is None:
         pytest.skip("no Compose v2+ CLI (docker compose / docker-compose) on this machine")
     env = {k: v for k, v in os.environ.items() if k not in ("MODELS_DIR", "LLAMA_MODEL")}
+    env["TIMING_PROXY_ADMIN_TOKEN"] = ADMIN_TOKEN  # compose.yaml requires it
     done = subprocess.run(
         [
             *cli,

@@ -252,8 +252,8 @@ class TestUpstreamKey:
     async def test_api_key_is_sent_on_the_proxys_own_requests(
         self, fake: Any, make_proxy: ProxyFactory
     ) -> None:
-        """With upstream.api_key set, the /metrics merge authenticates and succeeds; the
-        agent's own requests are untouched."""
+        """With upstream.api_key set, the /metrics merge of an authenticated page (admin
+        auth_token set) authenticates and succeeds; the agent's own requests are untouched."""
         upstream, server = fake
         chat = _routed(LLAMA_METRICS)
 
@@ -268,8 +268,9 @@ class TestUpstreamKey:
         without = await make_proxy(url)
         text = await (await without.admin.get("/metrics")).text()
         assert "llamacpp:" not in text
-        keyed = await make_proxy(url, upstream={"api_key": "k"})
-        text = await (await keyed.admin.get("/metrics")).text()
+        keyed = await make_proxy(url, upstream={"api_key": "k"}, admin={"auth_token": "t"})
+        page = await keyed.admin.get("/metrics", headers={"Authorization": "Bearer t"})
+        text = await page.text()
         assert _families(text)["llamacpp:prompt_tokens"].samples[0].value == 40
         await _chat(keyed, 1)
         agent = [s for s in upstream.seen if s.path_qs == "/v1/chat/completions"][-1]

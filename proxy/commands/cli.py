@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy import __version__
@@ -19,10 +20,10 @@ from proxy.commands.demo import DemoError
 from proxy.commands.explain import ExplainError
 from proxy.commands.provision import LlamaServerError, ProvisionError
 from proxy.commands.report import ReportError
-from proxy.config import ConfigError, load_config, parse_listen
+from proxy.config import Config, ConfigError, load_config, parse_listen
 from proxy.serve.model_info import ModelInfoError
 
-__all__ = ["error_line", "main"]
+__all__ = ["error_line", "main", "serve_config"]
 
 USER_ERRORS = (
     ConfigError,
@@ -86,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--upstream", help="llama-server base URL (default http://127.0.0.1:8080)")
     serve.add_argument("--log-file", help="also append the JSON log lines to this file")
+    serve.add_argument(
+        "--admin-token-env",
+        metavar="NAME",
+        help="take [admin] auth_token from the environment variable NAME (an error when it is"
+        " unset or empty)",
+    )
 
     report = sub.add_parser("report", help="summarise request logs (several files = runs)")
     report.add_argument(
@@ -187,10 +194,21 @@ def _explain_parser(sub: Any) -> None:
     explain.add_argument("--model", default="default", help="model name sent in requests")
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from proxy.serve.app import run
-    from proxy.serve.logs import configure_logging
+def _token_from(name: str, environ: Mapping[str, str]) -> str:
+    """The admin token held by the environment variable ``name``; ConfigError when it holds
+    none (the listener would otherwise start open, the opposite of what was asked)."""
+    token = environ.get(name, "")
+    if not token.strip():
+        raise ConfigError(
+            f"--admin-token-env {name}: the variable is unset or empty; set it to the bearer"
+            f" token the admin pages must require (e.g. {name}=$(openssl rand -hex 16))"
+        )
+    return token
 
+
+def serve_config(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Config:
+    """The config ``serve`` runs with: the file, then the flags (and the admin token from the
+    environment variable ``--admin-token-env`` names)."""
     overrides: dict[str, dict[str, object]] = {
         "server": {},
         "upstream": {},
@@ -202,7 +220,16 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["server"].update(host=host, port=port)
     overrides["upstream"]["url"] = args.upstream
     overrides["log"]["file"] = args.log_file
-    config = load_config(args.config, overrides)
+    if args.admin_token_env:
+        overrides["admin"]["auth_token"] = _token_from(args.admin_token_env, environ)
+    return load_config(args.config, overrides)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.serve.app import run
+    from proxy.serve.logs import configure_logging
+
+    config = serve_config(args)
     outputs = configure_logging(config.log.level, config.log.file)
     try:
         run(config)

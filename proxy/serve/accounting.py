@@ -220,6 +220,7 @@ class Accounting:
         attribution: bool = False,
         attribution_history: int = 64,
         show_diff_text: bool = False,
+        raw_conversation_ids: bool = False,
         conversation_header: str = "",
         context_size: Callable[[str | None], int | None] = lambda _: None,
     ) -> None:
@@ -253,6 +254,7 @@ class Accounting:
                 self._post,
                 history=attribution_history,
                 keep_text=show_diff_text,
+                raw_conversation_ids=raw_conversation_ids,
                 on_event=self._on_event,
                 context_size=context_size,
                 routed=self.routed,

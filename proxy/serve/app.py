@@ -27,6 +27,7 @@ from proxy.core.stats import Stats
 from proxy.core.timestamps import iso_utc
 from proxy.serve.accounting import Accounting
 from proxy.serve.admin import AdminThread
+from proxy.serve.exposure import warn_at_start
 from proxy.serve.handlers import admin_errors, admin_ready, auth_middleware, route, route_admin
 from proxy.serve.keys import (
     ACCOUNTING,
@@ -186,6 +187,7 @@ async def _start_accounting(
         attribution_bytes=int(config.accounting.attribution_cache_mb * (1 << 20)),
         schema_entries=config.accounting.schema_entries,
         show_diff_text=config.privacy.show_diff_text,
+        raw_conversation_ids=config.privacy.raw_conversation_ids,
         conversation_header=config.accounting.conversation_header,
         context_size=lambda model: meta.n_ctx if (meta := model_info.meta_of(model)) else None,
     )
@@ -270,8 +272,9 @@ async def _freeze_gc(app: web.Application) -> None:
 
 
 class _Announcer:
-    """``proxy_started`` once the socket listens (then the upstream check, in the
-    background), and ``proxy_stopped`` at cleanup only if it had started."""
+    """``proxy_started`` once the socket listens (then the warnings of what the config
+    exposes, :mod:`proxy.serve.exposure`, and the upstream check, in the background), and
+    ``proxy_stopped`` at cleanup only if it had started."""
 
     def __init__(self, app: web.Application, log: Any) -> None:
         self._app = app
@@ -290,6 +293,7 @@ class _Announcer:
             upstream=config.upstream.url,
         )
         self.listening = True
+        warn_at_start(config, self._log)
         _ = spawn(self._check(), self._app[BACKGROUND])
 
     async def _check(self) -> None:

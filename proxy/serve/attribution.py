@@ -12,6 +12,9 @@ text, unless ``[privacy] show_diff_text`` is on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -46,16 +49,23 @@ def chat_body_of(facts: RequestFacts) -> dict[str, Any] | None:
     return for_counting(dialect.chat_form(body))
 
 
-def conversation_id_of(body: dict[str, Any] | None) -> str | None:
-    """An id the agent sent for its conversation: ``user``, or ``metadata.user_id``."""
+def conversation_id_of(body: dict[str, Any] | None, key: bytes | None) -> str | None:
+    """An id the agent sent for its conversation: ``user``, or ``metadata.user_id``. These
+    name end users (often an e-mail address), not conversations: with ``key`` the id is
+    ``u:`` and 10 hex digits of its HMAC-SHA256 under ``key``, the same for the same id;
+    without, the id as sent (``[privacy] raw_conversation_ids``)."""
     if body is None:
         return None
     user = body.get("user")
-    if isinstance(user, str) and user:
-        return user
     metadata = body.get("metadata")
-    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-    return user_id if isinstance(user_id, str) and user_id else None
+    if not (isinstance(user, str) and user):
+        user = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if not (isinstance(user, str) and user):
+        return None
+    if key is None:
+        return user
+    mac = hmac.new(key, user.encode(errors="surrogatepass"), hashlib.sha256)
+    return "u:" + mac.hexdigest()[:10]
 
 
 def _size(task: asyncio.Task[RenderedPrompt]) -> int:
@@ -105,6 +115,7 @@ class Attributor:
         history: int = 64,
         cache_entries: int = 256,
         keep_text: bool = False,
+        raw_conversation_ids: bool = False,
         on_event: Callable[..., None] | None = None,
         context_size: Callable[[str | None], int | None] = lambda _: None,
         routed: Callable[[], bool] = lambda: False,
@@ -116,6 +127,8 @@ class Attributor:
         self._unsupported_until = float("-inf")
         self._unsupported: asyncio.Future[RenderedPrompt] | None = None
         self._keep_text = keep_text
+        self._id_key = None if raw_conversation_ids else secrets.token_bytes(32)
+        """The key of the body's conversation ids' hashes: this process's own."""
         self._max = cache_entries
         self._max_bytes = max_bytes
         self._cache: OrderedDict[str, asyncio.Task[RenderedPrompt]] = OrderedDict()
@@ -245,7 +258,7 @@ class Attributor:
             offset=offset,
             cache_n=record.cache_n,
             ms_per_token=ms_per_token,
-            conversation_id=conversation or conversation_id_of(facts.body),
+            conversation_id=conversation or conversation_id_of(facts.body, self._id_key),
             model=self._model_key(facts),
         )
         self.history.answered(self.history.last_seq, record.predicted_n, record.prompt_tokens)

@@ -48,6 +48,7 @@ __all__ = [
     "handle_record",
     "handle_relay",
     "handle_stats",
+    "page_headers",
     "relay_unroutable",
     "route",
     "route_admin",
@@ -188,6 +189,14 @@ async def _upstream_metrics(request: web.Request) -> bytes | None:
     return page if status == 200 else None
 
 
+def page_headers(config: Config) -> dict[str, str]:
+    """Headers of an admin page's requests to the upstream: the proxy's ``[upstream] api_key``
+    only when the page was authenticated, which every page is when ``[admin] auth_token`` is
+    set (the token check turned the others away). A page nobody authenticated never has the
+    proxy's key sent for it: the upstream is asked without one."""
+    return own_headers(config) if config.admin.auth_token else {}
+
+
 async def _upstream_get(
     session: aiohttp.ClientSession, config: Config, path: str, params: dict[str, str] | None = None
 ) -> tuple[int, bytes]:
@@ -195,7 +204,7 @@ async def _upstream_get(
     async with session.get(
         config.upstream.url + path,
         params=params,
-        headers=own_headers(config),
+        headers=page_headers(config),
         timeout=aiohttp.ClientTimeout(total=UPSTREAM_METRICS_TIMEOUT_S),
     ) as resp:
         return resp.status, await resp.read()

@@ -12,7 +12,7 @@ statistics) of the records it holds; it prints the worst relative error per data
 * ``heavy``: every field Pareto (shape 1.1) or log-normal (sigma 2, six decades);
 * ``five-calls``: only the five tool-call totals, a window of 5.
 
-The data are drawn from a fixed seed, so a run gives the same figures anywhere::
+The random data are the same on every run, so are the figures, on any machine::
 
     .venv/bin/python bench/stats_sketch.py [--window 10000]
 """

@@ -17,8 +17,8 @@ same calls; times depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +32,6 @@ from typing import Any
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
-from proxy.commands.ports import free_port  # noqa: E402
 from proxy.core.headers import REQUEST_ID_HEADER  # noqa: E402
 
 QUESTION = "What is the weather in Paris right now?"
@@ -45,28 +44,19 @@ WEATHER = {
         "required": ["city"],
     },
 }
-COMMON = {"temperature": 0, "stream": True, "chat_template_kwargs": {"enable_thinking": False}}
-RECORD_FIELDS = (
-    "api",
-    "kind",
-    "outcome",
-    "ttfb_ms",
-    "ttft_ms",
-    "e2e_ms",
-    "prompt_n",
-    "cache_n",
-    "predicted_n",
-    "prefill_ms",
-    "decode_ms",
-    "tool_calls",
-    "tool_call_valid",
-    "tool_call_ms",
-    "finish_reason",
-    "token_events",
-    "schema_tokens",
-    "schema_cached",
-    "schema_prefill_ms",
-    "tool_args_tokens",
+COMMON = {"model": "gemma", "temperature": 0, "stream": True}
+COMMON["chat_template_kwargs"] = {"enable_thinking": False}
+
+
+def fields(names: str) -> tuple[str, ...]:
+    """Record fields named in one string, space-separated."""
+    return tuple(names.split())
+
+
+RECORD_FIELDS = fields(
+    "api kind outcome ttfb_ms ttft_ms e2e_ms prompt_n cache_n predicted_n prefill_ms "
+    "decode_ms tool_calls tool_call_valid tool_call_ms finish_reason token_events "
+    "schema_tokens schema_cached schema_prefill_ms tool_args_tokens"
 )
 TIMING_KEYS = ("prompt_n", "cache_n", "predicted_n", "prompt_ms", "predicted_ms")
 
@@ -133,7 +123,6 @@ REQUESTS: dict[str, Request] = {
         "/v1/chat/completions",
         {
             **COMMON,
-            "model": "gemma",
             "max_tokens": 48,
             "messages": [{"role": "user", "content": QUESTION}],
             "tools": [{"type": "function", "function": WEATHER}],
@@ -147,7 +136,6 @@ REQUESTS: dict[str, Request] = {
         "/v1/responses",
         {
             **COMMON,
-            "model": "gemma",
             "max_output_tokens": 48,
             "input": QUESTION,
             "tools": [{"type": "function", **WEATHER}],
@@ -161,7 +149,6 @@ REQUESTS: dict[str, Request] = {
         "/v1/messages",
         {
             **COMMON,
-            "model": "gemma",
             "max_tokens": 48,
             "messages": [{"role": "user", "content": QUESTION}],
             "tools": [
@@ -230,51 +217,45 @@ def _record(
 
 @contextmanager
 def _proxy(upstream: str, folder: Path, config: str = "") -> Iterator[tuple[str, Path]]:
-    """``python -m proxy serve`` in front of ``upstream`` (with ``config`` as its
-    config.toml when given), its log in ``folder``; the base URL and the log."""
+    """``python -m proxy serve`` in front of ``upstream`` with ``config`` added to its
+    config file, its log in ``folder``; the base URL and the log, once it answers."""
+    from bench.overhead.procs import start_proxy
+
     folder.mkdir(parents=True, exist_ok=True)
-    port, log = free_port(), folder / "requests.jsonl"
-    options: tuple[str, ...] = ()
-    if config:
-        (folder / "config.toml").write_text(config)
-        options = ("--config", str(folder / "config.toml"))
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "proxy", "serve", *options, "--listen", f"127.0.0.1:{port}"),
-            *("--admin-listen", "127.0.0.1:0"),
-            *("--upstream", upstream, "--log-file", str(log)),
-        ],
-        cwd=CHECKOUT,
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proxy = start_proxy("proxy", upstream, folder, folder / "requests.jsonl", config)
     try:
-        for _ in range(400):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1).close()
+        for _ in range(400):  # /stats answers once the proxy listens
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(proxy.admin_url + "/stats", timeout=1).close()
                 break
-            except OSError:
-                time.sleep(0.05)
-        yield base, log
+            time.sleep(0.05)
+        yield proxy.url, folder / "requests.jsonl"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        proxy.stop()
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[Any, str | None]:
+    """A plain (not streamed) request: the JSON answer and the proxy's request id."""
+    data, headers = json.dumps(body).encode(), {"Content-Type": "application/json"}
+    with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=600) as resp:
+        return json.loads(resp.read()), resp.headers.get(REQUEST_ID_HEADER)
 
 
 @contextmanager
-def _upstream(url: str | None, folder: Path) -> Iterator[str]:
+def _upstream(url: str | None, folder: Path, extra: Sequence[str] = ()) -> Iterator[str]:
+    """``url``, or the provisioned llama-server on one thread with ``extra`` arguments."""
     if url:
         yield url
         return
-    from proxy.commands.provision import (
-        LlamaServer,
-        chat_template_path,
-        ensure_llama_server,
-        ensure_model,
-    )
+    from proxy.commands import provision as p
 
-    server = LlamaServer(
-        ensure_llama_server(), ensure_model(), chat_template_path(), log_dir=folder
+    folder.mkdir(parents=True, exist_ok=True)
+    server = p.LlamaServer(
+        p.ensure_llama_server(),
+        p.ensure_model(),
+        p.chat_template_path(),
+        extra_args=("-t", "1", *extra),
+        log_dir=folder,
     )
     server.start(timeout=180)
     try:

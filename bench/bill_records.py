@@ -27,9 +27,6 @@ import json
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,89 +34,30 @@ from typing import Any
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
-from api_records import _proxy, _record  # noqa: E402 - bench/ is this script's own folder
+from api_records import _events, _post, _proxy, _record, _send, _upstream, fields  # noqa: E402 - bench/ is this script's own folder
 
-from proxy.core.headers import REQUEST_ID_HEADER  # noqa: E402
 from tests.images_fixture import data_url, solid_png, write_gemma3_projector  # noqa: E402
 
 POWER_MW = 5000
 FAKE_TEGRASTATS = CHECKOUT / "tests" / "fake_tegrastats.py"
-IMAGE_FIELDS = (
-    "images",
-    "image_tokens",
-    "image_tokens_each",
-    "images_cached",
-    "image_prefill_ms",
-    "prompt_n",
-    "cache_n",
-    "prefill_ms",
-    "accounting_error",
+IMAGE_FIELDS = fields(
+    "images image_tokens image_tokens_each images_cached image_prefill_ms prompt_n "
+    "cache_n prefill_ms accounting_error"
 )
-DRAFT_FIELDS = (
-    "predicted_n",
-    "decode_ms",
-    "decode_tok_s",
-    "draft_n",
-    "draft_n_accepted",
-    "draft_acceptance",
+DRAFT_FIELDS = fields(
+    "predicted_n decode_ms decode_tok_s draft_n draft_n_accepted draft_acceptance"
 )
-BOARD_FIELDS = (
-    "e2e_ms",
-    "predicted_n",
-    "energy_mj",
-    "energy_mj_per_token",
-    "power_w_avg",
-    "gpu_busy_pct",
-    "ram_used_mb",
-    "temp_max_c",
-    "telemetry_error",
+BOARD_FIELDS = fields(
+    "e2e_ms predicted_n energy_mj energy_mj_per_token power_w_avg gpu_busy_pct ram_used_mb "
+    "temp_max_c telemetry_error"
 )
-
-
-def _post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        return json.loads(resp.read()), resp.headers.get(REQUEST_ID_HEADER)
 
 
 def _stream(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """A streamed request: the last ``timings`` of the stream, and the request id."""
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    timings: dict[str, Any] = {}
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        request_id = resp.headers.get(REQUEST_ID_HEADER)
-        for line in resp.read().decode().splitlines():
-            if line.startswith("data: {"):
-                timings = json.loads(line[6:]).get("timings", timings)
-    return timings, request_id
-
-
-@contextmanager
-def _llama(folder: Path, extra: Sequence[str]) -> Iterator[str]:
-    from proxy.commands.provision import (
-        LlamaServer,
-        chat_template_path,
-        ensure_llama_server,
-        ensure_model,
-    )
-
-    folder.mkdir(parents=True, exist_ok=True)
-    server = LlamaServer(
-        ensure_llama_server(),
-        ensure_model(),
-        chat_template_path(),
-        extra_args=extra,
-        log_dir=folder,
-    )
-    server.start(timeout=180)
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    sent = _send(url, "", body, ())
+    events = [e for e in _events(sent["raw"]) if "timings" in e]
+    return (events[-1]["timings"] if events else {}), sent["id"]
 
 
 def _image_turn(png: bytes) -> dict[str, Any]:
@@ -150,7 +88,7 @@ def images(folder: Path) -> list[dict[str, Any]]:
     red, blue = solid_png((200, 30, 30)), solid_png((30, 30, 200))
     out = []
     with (
-        _llama(folder / "llama-mmproj", ["--mmproj", str(projector)]) as upstream,
+        _upstream(None, folder / "llama-mmproj", ["--mmproj", str(projector)]) as upstream,
         _proxy(upstream, folder / "proxy-images") as (base, log),
     ):
         for name, png in (("cold", red), ("same image again", red), ("another image", blue)):
@@ -174,7 +112,7 @@ def speculative(folder: Path, model: str) -> dict[str, Any]:
         "chat_template_kwargs": {"enable_thinking": False},
     }
     with (
-        _llama(folder / "llama-draft", args) as upstream,
+        _upstream(None, folder / "llama-draft", args) as upstream,
         _proxy(upstream, folder / "proxy-draft") as (base, log),
     ):
         timings, request_id = _stream(base + "/v1/chat/completions", body)
@@ -207,7 +145,7 @@ def board(folder: Path) -> list[dict[str, Any]]:
     }
     out = []
     with (
-        _llama(folder / "llama-board", []) as upstream,
+        _upstream(None, folder / "llama-board") as upstream,
         _proxy(upstream, folder / "proxy-board", config) as (base, log),
     ):
         time.sleep(1.0)  # the sampler's first lines

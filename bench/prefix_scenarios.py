@@ -16,20 +16,17 @@ paid"):
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
-from bench.api_records import _proxy, _upstream  # noqa: E402
-from proxy.core.headers import REQUEST_ID_HEADER  # noqa: E402
+from bench.api_records import _post, _proxy, _upstream  # noqa: E402
 
 COMMON = {"temperature": 0, "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False}}
 TOOL = {**COMMON, "max_tokens": 48, "stop": ["</tool_call>"], "parallel_tool_calls": False}
@@ -59,21 +56,15 @@ TOOLS = [
 ]
 
 
-def _post(base: str, body: dict[str, Any]) -> tuple[str, Any]:
-    req = urllib.request.Request(
-        base + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        return str(resp.headers.get(REQUEST_ID_HEADER)), json.loads(resp.read())
+def _chat(base: str, body: dict[str, Any]) -> None:
+    _post(base + "/v1/chat/completions", body)
 
 
 def scenarios(base: str) -> None:
     """Send every scenario's requests, in order."""
     for second in (1, 2, 3):
         system = f"You are a robot arm controller. Time: 2026-11-30T22:40:0{second}Z. Be brief."
-        _post(base, {**COMMON, "messages": [
+        _chat(base, {**COMMON, "messages": [
             {"role": "system", "content": system},
             {"role": "user", "content": "Where is the gripper?"},
         ]})  # fmt: skip
@@ -81,9 +72,9 @@ def scenarios(base: str) -> None:
         {"role": "system", "content": "You are a helpful robot."},
         {"role": "user", "content": "What is the weather in Paris?"},
     ]
-    _post(base, {**TOOL, "messages": question, "tools": TOOLS})
-    _post(base, {**TOOL, "messages": question, "tools": [TOOLS[1], TOOLS[0], *TOOLS[2:]]})
-    _post(base, {**TOOL, "messages": question, "tools": TOOLS})
+    _chat(base, {**TOOL, "messages": question, "tools": TOOLS})
+    _chat(base, {**TOOL, "messages": question, "tools": [TOOLS[1], TOOLS[0], *TOOLS[2:]]})
+    _chat(base, {**TOOL, "messages": question, "tools": TOOLS})
     # the next turn, with the call written into the history (the small model does not always
     # call a tool: the scenario must not depend on it), then the same request again
     weather = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
@@ -93,9 +84,9 @@ def scenarios(base: str) -> None:
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
     ]
-    _post(base, {**TOOL, "messages": turn, "tools": TOOLS})
-    _post(base, {**TOOL, "messages": turn, "tools": TOOLS})
-    _post(base, {**TOOL, "messages": question, "tools": TOOLS, "cache_prompt": False})
+    _chat(base, {**TOOL, "messages": turn, "tools": TOOLS})
+    _chat(base, {**TOOL, "messages": turn, "tools": TOOLS})
+    _chat(base, {**TOOL, "messages": question, "tools": TOOLS, "cache_prompt": False})
 
 
 def main() -> None:

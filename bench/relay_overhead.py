@@ -1,44 +1,80 @@
 #!/usr/bin/env python3
-"""Relay overhead of timing-proxy: direct vs proxied requests, interleaved, in one run.
+"""timing-proxy's cost on the relay path, in one interleaved run against a fast fake
+llama-server on loopback: direct, a bare aiohttp relay (the reference) and timing-proxy, then
+the analysis cost per event in-process.
 
-Three processes on 127.0.0.1 only:
+    .venv/bin/python bench/relay_overhead.py [--quick] [--rounds N] [--out FILE]
 
-* a fast fake llama-server (this file, ``--role upstream``: ``tests.fakes.FakeUpstream`` with the
-  ``llama_chat`` script, which writes each llama-shaped SSE event as its own chunk, as fast as
-  possible or paced);
-* the proxy (``python -m proxy serve --listen ... --upstream ...``), stdout to /dev/null with
-  the JSON log line per request left on (the production cost); optionally a second proxy
-  running on uvloop (``--uvloop``);
-* the load client (this process, one aiohttp session).
-
-and, as references for what any relay costs on the machine, a bare aiohttp relay, a lean
-relay (aiohttp server, httptools upstream client; when httptools is installed) and a TCP
-splice (bytes copied between sockets, no HTTP).
-
-It measures, in this order: the added latency per request (streamed and plain; direct and
-proxied requests interleaved in random order per round), the per-event forwarding delay of a
-paced stream (each event carries the upstream's CLOCK_MONOTONIC stamp), the throughput of one
-long stream, the proxy's CPU time per event (process CPU clock of the proxy during the long
-stream and during a load of concurrent 30 tok/s "robot" streams), and in-process the CPU cost
-of ``StreamTracker.feed`` per event. It prints Markdown tables and writes a JSON file.
-
-Usage::
-
-    .venv/bin/python bench/relay_overhead.py [--quick] [--uvloop] [--profile]
-                                             [--out bench/results/NAME.json]
-
-See bench/README.md for the method and what each number means. The code is the package
-``bench/overhead/`` (module map in its ``__init__``); this file is its entry point.
+It prints Markdown (the targets, one row per path, the analysis cost) and writes
+``bench/results/relay_overhead-<UTC time>.json``. Its hidden ``--role`` runs the fake
+upstream and the bare relay, each in a process of its own. The machinery is
+``bench/overhead/``; the method is in docs/performance.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ``bench``, ``tests``, ``proxy``
 
-from bench.overhead.main import main
+from bench.overhead.run import arg_parser, parse_sizes
+
+#: Sizes left unset on the command line: (full run, --quick).
+SIZES: dict[str, tuple[int, int]] = {
+    "rounds": (3000, 200),
+    "warmup": (50, 5),
+    "long_runs": (7, 1),
+    "long_tokens": (20_000, 2_000),
+    "tracker_reps": (7, 1),
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = arg_parser(
+        "timing-proxy's added latency over direct and over a bare aiohttp relay, the long "
+        "stream's rate, the analysis cost per event.",
+        "relay_overhead",
+        SIZES,
+    )
+    p.add_argument(
+        "--role",
+        choices=["bench", "upstream", "bare-relay"],
+        default="bench",
+        help=argparse.SUPPRESS,
+    )
+    p.add_argument("--upstream", help=argparse.SUPPRESS)  # for the bare-relay role
+    return parse_sizes(p, argv, SIZES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve a role, or run: the JSON file, then the report on stdout."""
+    args = parse_args(argv)
+    if args.role == "upstream":
+        from bench.overhead.servers import run_upstream
+
+        run_upstream()
+        return 0
+    if args.role == "bare-relay":
+        from bench.overhead.servers import run_bare_relay
+
+        run_bare_relay(args.upstream)
+        return 0
+    from bench.overhead.machine import save_run
+    from bench.overhead.report import report
+    from bench.overhead.run import RELAYS, run_paths
+    from bench.overhead.tracker_cost import tracker_cpu
+
+    res = asyncio.run(run_paths(args, RELAYS, "bench/relay_overhead.py"))
+    if args.tracker_reps > 0:
+        print("[bench] in-process analysis", file=sys.stderr, flush=True)
+        res["tracker"] = tracker_cpu(args.long_tokens, args.tracker_reps)
+    save_run(res, report(res), "relay_overhead", args.out)
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,11 +1,13 @@
-"""The peers benchmark's report (``bench/peers/report.py``) on fixed inputs: what the table
-and the standing lines say follows from the results they are given (no processes, no
-timing)."""
+"""The benches' report (``bench/overhead/report.py``, ``bench/peers/report.py``) on fixed
+inputs: what the table, the targets and the standing lines say follows from the results they
+are given (no processes, no timing)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from bench.overhead.report import BARE, targets
+from bench.overhead.report import report as relay_report
 from bench.peers.report import PROXY, report, standing, table
 
 
@@ -42,6 +44,7 @@ def _results() -> dict[str, Any]:
         return {
             "events_per_s_median": eps,
             "ratio_to_direct": eps / 100_000.0,
+            "cpu_us_per_event_median": 1e6 / eps,
             "same_size_as_direct": same,
         }
 
@@ -69,7 +72,7 @@ def _results() -> dict[str, Any]:
         "load": {
             "before": [0.5, 0.4, 0.3],
             "after": [1.5, 1.4, 1.3],
-            "other_cores": {"latency": 0.1, "long_stream": 0.2},
+            "other_cores": 0.15,
         },
         "order": ["direct", PROXY, "gw", "tap", "gone"],
         "paths": paths,
@@ -116,7 +119,11 @@ def test_table_has_a_row_per_path_with_the_added_latency_cpu_and_byte_identity()
         assert cells[2] == f"{a['median_diff']:+.2f} / {a['p90_diff']:+.2f} / {a['p99_diff']:+.2f}"
         assert cells[4] == f"{s['cpu_us_per_request']:,.0f}"
         assert cells[6] == f"{res['rss_mib'][name]:,.0f}"
-        assert f"{res['long_stream']['modes'][name]['events_per_s_median']:,.0f}" in cells[7]
+        long = res["long_stream"]["modes"][name]
+        assert cells[7] == (
+            f"{long['events_per_s_median']:,.0f} ({long['ratio_to_direct']:.2f}×; "
+            f"{long['cpu_us_per_event_median']:.1f} µs CPU/event)"
+        )
     direct = _row(lines, "direct")
     assert "absolute" in direct[2]
     assert _row(lines, PROXY)[8] == "yes"
@@ -162,3 +169,58 @@ def test_report_header_quotes_the_command_load_and_versions() -> None:
     assert " / ".join(f"{x:.2f}" for x in res["load"]["after"]) in text
     for name in ("gw", "tap"):
         assert res["paths"][name]["version"] in text
+
+
+def _relay_results(stream_over: float, json_over: float, ratio: float, us: float) -> Any:
+    """A relay run: timing-proxy ``stream_over`` / ``json_over`` ms above the bare relay's
+    added p50 (in every quarter too), its long stream at ``ratio`` × direct, its analysis at
+    ``us`` µs per event."""
+    res = _results()
+    for kind, over in (("stream", stream_over), ("plain", json_over)):
+        entries = res["latency"]["kinds"][kind]
+        ours = entries[PROXY]["added_ms"]
+        ours["quarters_p50"] = [ours["median_diff"]] * 4
+        bare = _lat_entry(ours["median_diff"] - over, 0.5, 0.8, 500.0, 10, 10)
+        bare["added_ms"]["quarters_p50"] = [bare["added_ms"]["median_diff"]] * 4
+        entries[BARE] = bare
+    res["long_stream"]["modes"][PROXY]["ratio_to_direct"] = ratio
+    res["tracker"] = {
+        "sse_events": 20_003,
+        "reps": 1,
+        **{
+            name: {"tracker": {"cpu_us_per_event_median": us}}
+            for name in ("1_event_per_chunk", "4_events_per_chunk", "64_KiB_reads")
+        },
+        "reference_orjson_loads_every_event": {"cpu_us_per_event_median": 0.5},
+    }
+    return res
+
+
+def test_relay_targets_are_met_within_their_limits() -> None:
+    """Within every limit (+0.10 ms per stream and +0.05 ms per JSON reply over the bare
+    relay, the long stream at 1.0× direct or more, 3 µs of analysis per event), each target
+    row shows its figure and says yes, and none says no."""
+    rows = targets(_relay_results(0.09, 0.04, 1.2, 0.8))[2:-1]
+    assert len(rows) == 4
+    assert all(row.endswith("| yes |") for row in rows), rows
+    assert "+0.090 ms" in rows[0] and "+0.040 ms" in rows[1]
+    assert "1.20×" in rows[2] and "0.80 µs" in rows[3]
+
+
+def test_relay_targets_missed_say_no() -> None:
+    """Past every limit, each target row says a bold no with the figure that missed it."""
+    rows = targets(_relay_results(0.11, 0.06, 0.9, 3.5))[2:-1]
+    assert all(row.endswith("| **no** |") for row in rows), rows
+    assert "+0.110 ms" in rows[0] and "+0.060 ms" in rows[1]
+    assert "0.90×" in rows[2] and "3.50 µs" in rows[3]
+
+
+def test_relay_report_without_the_bare_relay_judges_no_latency_target() -> None:
+    """A run without the bare relay has no added latency to judge against it: the report
+    shows no latency target rather than one against a missing reference."""
+    res = _relay_results(0.0, 0.0, 1.2, 0.8)
+    for kind in ("stream", "plain"):
+        del res["latency"]["kinds"][kind][BARE]
+    text = relay_report(res)
+    assert "over the bare aiohttp relay" not in text
+    assert "direct's events/s" in text and "analysis in-process" in text

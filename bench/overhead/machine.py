@@ -1,78 +1,70 @@
-"""The machine a run measures on: versions, the code's commit, the exact command line, and
-how busy the whole machine is (all processes, from /proc/stat)."""
+"""The machine a run measures on (versions, commit, how busy it is: all processes, from
+``/proc/stat``), the exact command line, and a run's end: its JSON file and its report."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from bench.overhead.constants import ENTRY, PY, ROOT
+from bench.overhead.procs import PY, RESULTS_DIR, ROOT
 
 
-def machine_cpu() -> dict[str, float]:
-    """Machine-wide busy and steal CPU seconds so far (all processes, from /proc/stat)."""
+def machine_cpu() -> float:
+    """Machine-wide busy CPU seconds so far (all processes)."""
     with open("/proc/stat") as fh:
         f = [int(x) for x in fh.readline().split()[1:]]
-    tick = os.sysconf("SC_CLK_TCK")
-    # user nice system idle iowait irq softirq steal
-    return {"busy": (f[0] + f[1] + f[2] + f[5] + f[6]) / tick, "steal": f[7] / tick}
+    return (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")  # user nice sys irq sirq
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
-        for line in fh:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "?"
-
-
-def _uvloop_version() -> str | None:
+def _first(cmd: list[str], default: str | None = None) -> str | None:
+    """The first line of a read-only command's output (``git``, ``node``), or ``default``."""
     try:
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return str(getattr(uvloop, "__version__", "?"))
-
-
-def _git(*args: str) -> str | None:  # read-only git queries
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return default
+    return out.stdout.strip() or default
 
 
 def machine_info() -> dict[str, Any]:
-    """CPUs, kernel, Python and library versions, the commit and whether proxy/ differs."""
+    """CPUs, kernel, Python, aiohttp, Node, the commit and whether ``proxy/`` differs from it."""
     import aiohttp
-    import orjson
 
-    status = _git("status", "--porcelain", "--", "proxy")
+    model = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        model = next((x.split(":", 1)[1].strip() for x in fh if x.startswith("model name")), "?")
     return {
         "nproc": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)),
-        "cpu_model": _cpu_model(),
+        "cpu_model": model,
         "kernel": platform.release(),
         "python": platform.python_version(),
         "aiohttp": aiohttp.__version__,
-        "orjson": orjson.__version__,
-        "uvloop": _uvloop_version(),
-        "git_commit": _git("rev-parse", "--short", "HEAD"),
-        "proxy_dir_modified": bool(status) if status is not None else None,
+        "node": _first(["node", "--version"]),
+        "git_commit": _first(["git", "rev-parse", "--short", "HEAD"]),
+        "proxy_dir_modified": bool(_first(["git", "status", "--porcelain", "--", "proxy"], "")),
+        "load_average": os.getloadavg(),
     }
 
 
-def command_line() -> str:
+def command_line(script: str) -> str:
     """The command that started this run, relative to the checkout where it can be."""
-    try:
-        py = os.path.relpath(PY, ROOT) if not os.path.relpath(PY, ROOT).startswith("..") else PY
-    except ValueError:
-        py = PY
-    script = os.path.relpath(ENTRY, ROOT)
-    return shlex.join([py, script, *sys.argv[1:]])
+    rel = os.path.relpath(PY, ROOT)
+    return shlex.join([PY if rel.startswith("..") else rel, script, *sys.argv[1:]])
+
+
+def save_run(res: dict[str, Any], text: str, name: str, out: Path | None) -> Path:
+    """Write ``res`` with its report ``text`` (as ``markdown``) to ``out``, default
+    ``bench/results/<name>-<UTC>.json``; print the report and where the file went."""
+    out = out or RESULTS_DIR / f"{name}-{res['timestamp'].replace(':', '')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res["markdown"] = text
+    out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    shown = out.resolve()
+    print(f"{text}\n\nResults: {shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")
+    return out

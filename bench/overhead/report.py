@@ -1,191 +1,206 @@
-"""The Markdown report of a run: the header (machine, command, load), the targets table,
-then the tables of every step that ran (``report_tables``)."""
+"""The Markdown report of a run (pure: results dict in, text out): the header (machine, code,
+command, load, sizes), one row per path, and for the relay bench the targets and the
+in-process analysis cost. The peers bench adds its standing (``bench/peers/report.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from bench.overhead.constants import (
-    BARE,
-    LEAN,
-    REFERENCES,
-    ROBOT_RATE,
-    SPLICE,
-    TARGET_ADDED_P50_MS,
-    TARGET_ADDED_P99_MS,
-    TARGET_STREAMS_PER_CORE,
-    TARGET_THROUGHPUT_RATIO,
-)
-from bench.overhead.report_tables import (
-    event_delay_table,
-    latency_table,
-    num,
-    profile_tables,
-    robot_table,
-    throughput_table,
-    tracker_table,
-    yes_no,
-)
+BARE, PROXY = "bare-relay", "timing-proxy"
+STREAM_OVER_BARE_MS = 0.10
+"""Target: timing-proxy's added p50 per 100-event stream at most this over the bare relay's."""
+JSON_OVER_BARE_MS = 0.05
+"""Target: the same per 645-byte JSON reply."""
+LONG_STREAM_RATIO = 1.0
+"""Target: the 20,003-event stream through timing-proxy at least this times direct's rate."""
+ANALYSIS_US_PER_EVENT = 3.0
+"""Target: the in-process analysis (framer + tracker, one event per chunk) per event."""
 
 
-def _other_load(step: dict[str, Any]) -> float:
-    return float(step["machine_cpu_s"]["other_processes"] / step["step_seconds"])
+def _ms3(values: list[float], sign: bool) -> str:
+    return " / ".join(("{:+.2f}" if sign else "{:.2f}").format(v) for v in values)
 
 
-def _header(res: dict[str, Any]) -> list[str]:
+def _latency_cell(lat: dict[str, Any], kind: str, name: str) -> str:
+    entry = lat["kinds"][kind].get(name)
+    if entry is None:
+        return "–"
+    if name == "direct":
+        ms = entry["ms"]
+        return _ms3([ms["p50"], ms["p90"], ms["p99"]], sign=False) + " (absolute)"
+    a = entry["added_ms"]
+    return _ms3([a["median_diff"], a["p90_diff"], a["p99_diff"]], sign=True)
+
+
+def _cpu_cell(lat: dict[str, Any], kind: str, name: str) -> str:
+    entry = lat["kinds"][kind].get(name)
+    return "–" if entry is None or name == "direct" else f"{entry['cpu_us_per_request']:,.0f}"
+
+
+def _long_cell(long: dict[str, Any] | None, name: str) -> str:
+    e = (long or {}).get("modes", {}).get(name)
+    if e is None:
+        return "–"
+    cpu = "" if name == "direct" else f"; {e['cpu_us_per_event_median']:.1f} µs CPU/event"
+    return f"{e['events_per_s_median']:,.0f} ({e['ratio_to_direct']:.2f}×{cpu})"
+
+
+def _same_cell(lat: dict[str, Any], long: dict[str, Any] | None, name: str) -> str:
+    entry = lat["kinds"]["stream"].get(name)
+    if entry is None:
+        return "–"
+    if name == "direct":
+        return "(reference)"
+    n, same = entry["requests"], entry["identical_to_direct"]
+    long_entry = (long or {}).get("modes", {}).get(name)
+    note = (
+        "; long stream differs in size"
+        if long_entry and not long_entry["same_size_as_direct"]
+        else ""
+    )
+    if same == n:
+        return "yes" + note
+    return ("no" if same == 0 else f"no ({n - same} of {n} differ)") + note
+
+
+def _row(res: dict[str, Any], name: str) -> str:
+    info = res["paths"][name]
+    lat, long = res["latency"], res.get("long_stream")
+    if name in res.get("skipped", {}):
+        return f"| {name} | {info['does']} | skipped: {res['skipped'][name]} |" + " |" * 6
+    rss = res["rss_mib"].get(name)
+    cells = [
+        name,
+        info["does"],
+        _latency_cell(lat, "stream", name),
+        _latency_cell(lat, "plain", name),
+        _cpu_cell(lat, "stream", name),
+        _cpu_cell(lat, "plain", name),
+        "–" if rss is None else f"{rss:,.0f}",
+        _long_cell(long, name),
+        _same_cell(lat, long, name),
+    ]
+    line = "| " + " | ".join(cells) + " |"
+    if name in res.get("failed", {}):
+        line += f" left the run: {res['failed'][name]}"
+    return line
+
+
+def table(res: dict[str, Any]) -> list[str]:
+    """One row per path (``direct`` first, skipped ones with their reason)."""
+    lat = res["latency"]
+    long_events = (res.get("long_stream") or {}).get("sse_events")
+    head = (
+        f"| Path | Beyond forwarding | {lat['stream_sse_events']}-event stream: added p50 / p90 "
+        f"/ p99 (ms) | {lat['plain_body_bytes']}-byte JSON reply: added p50 / p90 / p99 (ms) "
+        "| CPU µs per stream | CPU µs per JSON reply | RSS after (MiB) "
+        + (f"| {long_events:,}-event stream: events/s (× direct) " if long_events else "| – ")
+        + "| streamed bytes = direct |"
+    )
+    return [head, "|---|---|---|---|---|---|---|---|---|"] + [_row(res, n) for n in res["order"]]
+
+
+def _three(values: list[float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in values)
+
+
+def run_lines(res: dict[str, Any]) -> list[str]:
+    """Date, machine, code, command and runtime (every bench's report starts with them)."""
     m = res["machine"]
-    modes: list[str] = res["proxy_modes"]
+    node = f", Node {m['node']}" if m.get("node") else ""
+    dirty = " (proxy/ modified)" if m["proxy_dir_modified"] else ""
     return [
         f"Date: {res['timestamp']}  ",
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, "
-        f"Python {m['python']}, aiohttp {m['aiohttp']}, orjson {m['orjson']}"
-        + (f", uvloop {m['uvloop']}" if m["uvloop"] else "")
-        + "  ",
-        f"Code: {m['git_commit']}"
-        + (" (proxy/ modified)" if m["proxy_dir_modified"] else "")
-        + "  ",
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, Python "
+        f"{m['python']}, aiohttp {m['aiohttp']}{node}  ",
+        f"Code: {m['git_commit']}{dirty}  ",
         f"Command: `{res['command']}` ({res['runtime_s']:.0f} s)  ",
-        "Fake upstream: "
-        + (
-            "keeps connections alive after streams (unlike llama-server)"
-            if res["args"].get("keep_streams_alive")
-            else "closes the connection after each stream, like llama-server "
-            "(with `Connection: close`)"
-        )
-        + ".  ",
-        f"Processes: load client + {', '.join(modes)} + fake upstream on "
-        f"{m['nproc']} cores: they compete for CPU. References, not timing-proxy: `{BARE}` "
-        f"(a minimal aiohttp relay with no analysis, no timeouts, no log), `{LEAN}` (its "
-        f"aiohttp server with an httptools upstream client), `{SPLICE}` (bytes copied "
-        "between sockets, no HTTP).  ",
-        f"Machine busy before start: {m.get('busy_cores_before_start', 0):.2f} cores. "
-        "Other processes on the machine (CPU cores busy, average per step): "
-        + ", ".join(
-            f"{step} {_other_load(res[step]):.2f}"
-            for step in ("latency", "event_delay", "throughput", "robots")
-            if "machine_cpu_s" in res.get(step, {})
-        ),
+    ]
+
+
+def header(res: dict[str, Any]) -> list[str]:
+    """The run's lines, the load around it, the sizes, and the paths' versions."""
+    load, lat, long = res["load"], res["latency"], res.get("long_stream")
+    versions = [f"{n} `{i['version']}`" for n, i in res["paths"].items() if i.get("version")]
+    runs = f"long stream: median of {long['runs_per_path']} runs per path" if long else ""
+    return [
+        *run_lines(res),
+        f"Load average (1/5/15 min) before: {_three(load['before'])}, after: "
+        f"{_three(load['after'])}; other processes' CPU during the run: "
+        f"{load['other_cores']:.2f} cores  ",
+        f"Sizes: {lat['rounds']} rounds per kind (warm-up {lat['warmup']}), paths in a fresh "
+        f"random order each round, kinds alternating in blocks of {lat['block']} rounds; {runs}"
+        + ("  " if versions else ""),
+        *(["Peers: " + ", ".join(versions)] if versions else []),
         "",
     ]
 
 
-class TargetTable:
-    """The targets table: one column per path, and whether each judged path meets it."""
+def _over_bare(lat: dict[str, Any], kind: str) -> tuple[float, list[float]] | None:
+    """timing-proxy's added p50 minus the bare relay's, whole run and per quarter."""
+    k = lat["kinds"][kind]
+    if PROXY not in k or BARE not in k:
+        return None
+    p, b = k[PROXY]["added_ms"], k[BARE]["added_ms"]
+    quarters = [x - y for x, y in zip(p["quarters_p50"], b["quarters_p50"], strict=True)]
+    return p["median_diff"] - b["median_diff"], quarters
 
-    def __init__(self, modes: list[str]) -> None:
-        self.modes = modes
-        judged = [x for x in modes if x not in REFERENCES]
-        self.lines = [
-            "| Target | "
-            + " | ".join(f"{x} (reference)" if x in REFERENCES else x for x in modes)
-            + " | Met ("
-            + ", ".join(judged)
-            + ") |",
-            "|---|" + "---|" * len(modes) + "---|",
-        ]
 
-    def row(
-        self,
-        label: str,
-        values: list[float],
-        fmt: Callable[[float], str],
-        met: Callable[[float], bool],
-    ) -> None:
-        self.lines.append(
-            f"| {label} | "
-            + " | ".join(fmt(v) for v in values)
-            + " | "
-            + ", ".join(
-                yes_no(met(v))
-                for x, v in zip(self.modes, values, strict=True)
-                if x not in REFERENCES
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "**no**"
+
+
+def targets(res: dict[str, Any]) -> list[str]:
+    """The relay bench's targets, each with its figure and whether it is met."""
+    lat, lines = res["latency"], ["| Target | timing-proxy | met |", "|---|---|---|"]
+    for kind, what, limit in (
+        ("stream", f"{lat['stream_sse_events']}-event stream", STREAM_OVER_BARE_MS),
+        ("plain", f"{lat['plain_body_bytes']}-byte JSON reply", JSON_OVER_BARE_MS),
+    ):
+        if (got := _over_bare(lat, kind)) is not None:
+            quarters = " / ".join(f"{q:+.3f}" for q in got[1])
+            lines.append(
+                f"| {what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms | "
+                f"{got[0]:+.3f} ms (quarters of the rounds: {quarters}) | {_yes(got[0] <= limit)} |"
             )
-            + " |"
+    long = (res.get("long_stream") or {}).get("modes", {}).get(PROXY)
+    if long is not None:
+        ratio = long["ratio_to_direct"]
+        lines.append(
+            f"| {res['long_stream']['sse_events']:,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× "
+            f"direct's events/s (median) | {ratio:.2f}× | {_yes(ratio >= LONG_STREAM_RATIO)} |"
         )
-
-
-def _latency_targets(table: TargetTable, lat: dict[str, Any]) -> None:
-    for kind in ("stream", "plain"):
-        k = lat["kinds"][kind]
-        table.row(
-            f"added p50 per request, {kind} (Δ medians, ms) ≤ {TARGET_ADDED_P50_MS}",
-            [k[f"{p}_added_ms"]["median_diff"] for p in table.modes],
-            num,
-            lambda v: v <= TARGET_ADDED_P50_MS,
+    if tr := res.get("tracker"):
+        us = tr["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"]
+        lines.append(
+            f"| analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per "
+            f"chunk, median) | {us:.2f} µs | {_yes(us <= ANALYSIS_US_PER_EVENT)} |"
         )
-        table.row(
-            f"added p99 per request, {kind} (p99 of paired Δ, ms) ≤ {TARGET_ADDED_P99_MS}",
-            [k[f"{p}_added_ms"]["paired"]["p99"] for p in table.modes],
-            num,
-            lambda v: v <= TARGET_ADDED_P99_MS,
-        )
+    return [*lines, ""]
 
 
-def _throughput_target(table: TargetTable, thr: dict[str, Any]) -> None:
-    table.row(
-        f"{thr['sse_events']:,}-event stream, proxied/direct events/s (median) "
-        f"≥ {TARGET_THROUGHPUT_RATIO}",
-        [thr["modes"][p]["ratio_median"] for p in table.modes],
-        lambda v: num(v, 2),
-        lambda v: v >= TARGET_THROUGHPUT_RATIO,
-    )
-
-
-def _robot_target(table: TargetTable, rob: dict[str, Any]) -> None:
-    table.row(
-        f"streams one core carries at 30 tok/s (robot load, least of "
-        f"{'/'.join(rob['levels'])} concurrent) ≥ {TARGET_STREAMS_PER_CORE}",
-        [rob[f"{p}_streams_per_core_at_30_tok_s"] for p in table.modes],
-        lambda v: f"{v:,.0f}",
-        lambda v: v >= TARGET_STREAMS_PER_CORE,
-    )
-
-
-def _long_stream_cpu_target(table: TargetTable, thr: dict[str, Any]) -> None:
-    table.row(
-        f"streams one core carries at 30 tok/s (long-stream CPU, coalesced reads; "
-        f"optimistic) ≥ {TARGET_STREAMS_PER_CORE}",
-        [
-            1e6 / (thr["modes"][p]["proxy_cpu_us_per_event_all_runs"] * ROBOT_RATE)
-            for p in table.modes
-        ],
-        lambda v: f"{v:,.0f}",
-        lambda v: v >= TARGET_STREAMS_PER_CORE,
-    )
-
-
-def _targets(res: dict[str, Any], modes: list[str]) -> list[str]:
-    table = TargetTable(modes)
-    lat, thr, rob = res.get("latency"), res.get("throughput"), res.get("robots")
-    if lat:
-        _latency_targets(table, lat)
-    if thr:
-        _throughput_target(table, thr)
-    if rob:
-        _robot_target(table, rob)
-    if thr:
-        _long_stream_cpu_target(table, thr)
-    return ["### Targets", "", *table.lines, ""]
-
-
-def _step_tables(res: dict[str, Any], modes: list[str]) -> list[str]:
-    tables: list[tuple[str, Callable[[Any], list[str]]]] = [
-        ("latency", lambda lat: latency_table(lat, modes)),
-        ("event_delay", lambda ev: event_delay_table(ev, modes)),
-        ("throughput", lambda thr: throughput_table(thr, modes)),
-        ("robots", lambda rob: robot_table(rob, modes, res["args"]["robot_seconds"])),
-        ("tracker", tracker_table),
-        ("profile", profile_tables),
+def tracker_table(tr: dict[str, Any]) -> list[str]:
+    """CPU µs per event of the tracker (its framer included) per chunking, median of the
+    repetitions, and ``orjson.loads`` of every event for scale."""
+    lines = [
+        f"In-process analysis of a {tr['sse_events']:,}-event stream (CPU µs per event, median of "
+        f"{tr['reps']} repetitions):",
+        "",
+        "| Chunking | framer + tracker |",
+        "|---|---|",
     ]
-    lines: list[str] = []
-    for key, render in tables:
-        if res.get(key):
-            lines += render(res[key])
-    return lines
+    for name in ("1_event_per_chunk", "4_events_per_chunk", "64_KiB_reads"):
+        t = tr[name]
+        lines.append(
+            f"| {name.replace('_', ' ')} | {t['tracker']['cpu_us_per_event_median']:.2f} |"
+        )
+    ref = tr["reference_orjson_loads_every_event"]["cpu_us_per_event_median"]
+    return [*lines, f"| (for scale: `orjson.loads` of every event) | {ref:.2f} |"]
 
 
 def report(res: dict[str, Any]) -> str:
-    """The whole report of the results ``res`` (as written to the JSON file)."""
-    modes: list[str] = res["proxy_modes"]
-    return "\n".join(_header(res) + _targets(res, modes) + _step_tables(res, modes))
+    """The relay bench's report: header, targets, the paths' table, the analysis cost."""
+    lines = [*header(res), *targets(res), *table(res)]
+    if tr := res.get("tracker"):
+        lines += ["", *tracker_table(tr)]
+    return "\n".join(lines)

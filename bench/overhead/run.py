@@ -1,211 +1,235 @@
-"""One run of the benchmark: start the fake upstream, the proxies and the references, run
-the chosen steps with the machine's load around each, and collect the results (the dict
-that becomes the JSON file and the report)."""
+"""One interleaved run over a set of paths, shared by the relay and peers benches: the fake
+upstream, every path started (one that cannot be installed or started is skipped with the
+reason), latency and long stream with the machine's other load around each, each path's
+memory after, and the results dict (the JSON file and the report)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import asyncio
 import os
 import random
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.overhead.client import PATH
-from bench.overhead.constants import BARE, LEAN, REFERENCES, RESULTS_DIR, SPLICE
-from bench.overhead.event_delay import measure_event_delay
-from bench.overhead.latency import measure_latency
 from bench.overhead.machine import command_line, machine_cpu, machine_info
-from bench.overhead.processes import (
-    Proc,
-    start_proxy,
-    start_reference,
-    start_upstream,
-    uses_uvloop,
-    wait_ready,
+from bench.overhead.measure import (
+    KINDS,
+    Rig,
+    Target,
+    chat_body,
+    measure_latency,
+    measure_long_stream,
 )
-from bench.overhead.profile import profile
-from bench.overhead.rig import Bench
-from bench.overhead.robots import measure_robot_load
-from bench.overhead.throughput import measure_throughput
-from bench.overhead.tracker_cost import tracker_cpu
+from bench.overhead.procs import Proc, start_proxy, start_role, wait_ready
+from bench.overhead.report import BARE, PROXY
 from proxy.core.timestamps import iso_utc
+from tests.fakes import llama_event_count, llama_plain_body
 
-Step = Callable[[Bench], Awaitable[dict[str, Any]]]
-STEP_FUNCTIONS: list[tuple[str, Step]] = [
-    ("latency", measure_latency),
-    ("event_delay", measure_event_delay),
-    ("throughput", measure_throughput),
-    ("robots", measure_robot_load),
-]
+SIZE_HELP = {
+    "rounds": "latency rounds per kind",
+    "warmup": "warm-up requests per kind and path",
+    "long_tokens": "tokens of the long stream",
+    "long_runs": "long streams per path, 0: none",
+    "tracker_reps": "in-process repetitions, 0: none",
+}
 
 
-def busy_cores_before_start() -> float:
-    """How busy the machine is (others' processes) over 2 s before anything starts; warn
-    when it is more than a tenth of a core."""
-    m0 = machine_cpu()
-    time.sleep(2.0)
-    busy = (machine_cpu()["busy"] - m0["busy"]) / 2.0
-    if busy > 0.1:
-        print(
-            f"warning: the machine is already busy ({busy:.2f} "
-            "cores) before the bench starts: results will be noisy",
-            file=sys.stderr,
+def arg_parser(
+    description: str, name: str, sizes: dict[str, tuple[int, int]]
+) -> argparse.ArgumentParser:
+    """The options the relay and peers benches share; ``sizes``: (full run, ``--quick``)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: small sizes, figures mean little"
+    )
+    p.add_argument("--out", type=Path, help=f"JSON file (default bench/results/{name}-<UTC>.json)")
+    p.add_argument("--seed", type=int, default=1, help="the random order of the paths")
+    g = p.add_argument_group("sizes (full run; --quick)")
+    for size, (full, quick) in sizes.items():
+        g.add_argument(
+            "--" + size.replace("_", "-"), type=int, help=f"{SIZE_HELP[size]} ({full}; {quick})"
         )
-    return busy
+    g.add_argument("--block", type=int, default=25, help="rounds per block of one kind (25)")
+    g.add_argument("--stream-tokens", type=int, default=97, help="97 tokens = a 100-event stream")
+    g.add_argument("--plain-tokens", type=int, default=20, help="20 tokens = a 645-byte JSON reply")
+    return p
 
 
-def _progress(started: float, what: str) -> None:
-    print(f"[{time.perf_counter() - started:6.1f} s] {what} ...", file=sys.stderr, flush=True)
+def parse_sizes(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, sizes: dict[str, tuple[int, int]]
+) -> argparse.Namespace:
+    """The options; a size not given takes its full-run or ``--quick`` default."""
+    args = p.parse_args(argv)
+    for size, (full, quick) in sizes.items():
+        if getattr(args, size) is None:
+            setattr(args, size, quick if args.quick else full)
+    return args
 
 
-def _relays_wanted(args: argparse.Namespace, want_uvloop: bool) -> list[tuple[str, bool]]:
-    """(name, is a proxy on uvloop) of the proxies, then (name, False) of the references."""
-    wanted = [("proxy", False)] + ([("proxy-uvloop", True)] if want_uvloop else [])
-    if not args.no_bare:
-        wanted.append((BARE, False))
-    if not args.no_lean and importlib.util.find_spec("httptools") is not None:
-        wanted.append((LEAN, False))
-    if not args.no_splice:
-        wanted.append((SPLICE, False))
-    return wanted
+class Unavailable(RuntimeError):
+    """A path that cannot be installed or started here; the message says why (one line)."""
 
 
-def start_relays(
-    args: argparse.Namespace, upstream: Proc, tmp: Path, want_uvloop: bool, procs: list[Proc]
-) -> dict[str, Proc]:
-    """Start every relay in front of ``upstream`` (each also appended to ``procs``)."""
-    config = tmp / "config.toml"
-    # The default pool (16) would queue the robot load inside the proxy.
-    text = f"[upstream]\nmax_connections = {max(args.robot_concurrency) + 16}\n"
-    if args.no_attribution:  # a diagnostic: the fake upstream answers its look-ups with 404
-        text += "[accounting]\nattribution = false\n"
-    config.write_text(text)
-    proxies: dict[str, Proc] = {}
-    for mode, uv in _relays_wanted(args, want_uvloop):
-        if mode in REFERENCES:
-            proxies[mode] = start_reference(mode, upstream.url)
-        else:
-            log = tmp / f"{mode}.jsonl" if args.log_file else None
-            proxies[mode] = start_proxy(mode, upstream.url, config, log, uv)
-        procs.append(proxies[mode])
-    return proxies
+@dataclass
+class Started:
+    """A started path: its process, the headers its requests carry, the URL that answers
+    once it is up (default: the path's ``/health``), its stderr (the reason of a failure)."""
+
+    proc: Proc
+    headers: dict[str, str] = field(default_factory=dict)
+    ready_url: str = ""
+    stderr_log: Path | None = None
 
 
-async def wait_all_ready(session: Any, upstream: Proc, proxies: dict[str, Proc]) -> None:
-    """Wait until every process answers; check that the uvloop proxy runs uvloop."""
-    await wait_ready(session, upstream, PATH.replace("chat/completions", "models"))
-    for proc in proxies.values():
-        await wait_ready(session, proc, "/health")
-        if proc.name == "proxy-uvloop" and not uses_uvloop(proc.pid):
-            raise RuntimeError("the uvloop proxy does not run uvloop")
+@dataclass(frozen=True)
+class PathSpec:
+    """A path of the run: how to start it (upstream URL, temp dir), what it does beyond
+    forwarding, whether it is judged among those that do more than forward, its version."""
+
+    launch: Callable[[str, Path], Started]
+    does: str
+    analyses: bool
+    version: str | None = None
 
 
-def run_header(
-    args: argparse.Namespace, stamp: datetime, machine: dict[str, Any], bench: Bench
-) -> dict[str, Any]:
-    """What the results say about the run before any step: time, command, machine, args,
-    paths and their pids."""
-    return {
-        "timestamp": iso_utc(stamp, timespec="seconds"),
-        "command": command_line(),
-        "machine": machine,
-        "args": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "role"
-        },
-        "proxy_modes": list(bench.proxies),
-        "processes": {
-            "client_pid": os.getpid(),
-            "upstream_pid": bench.upstream.pid,
-            **{f"{m}_pid": p.pid for m, p in bench.proxies.items()},
-        },
-        "proxy_log": "stdout to /dev/null" + (" + --log-file (temp file)" if args.log_file else ""),
-    }
+def start_timing_proxy(upstream: str, tmp: Path) -> Started:
+    proc = start_proxy(PROXY, upstream, tmp)
+    return Started(proc, ready_url=proc.admin_url + "/stats")  # answers once the proxy listens
 
 
-async def run_step(bench: Bench, step: Step) -> dict[str, Any]:
-    """One step's results, with its duration and the machine's CPU use during it (the
-    bench's processes and the others)."""
-    t0, m0, c0 = time.perf_counter(), machine_cpu(), bench.cpu_all()
-    out = await step(bench)
-    t1, m1, c1 = time.perf_counter(), machine_cpu(), bench.cpu_all()
-    ours = sum(c1[k] - c0[k] for k in c1)
-    out["step_seconds"] = t1 - t0
-    out["machine_cpu_s"] = {
-        "busy": m1["busy"] - m0["busy"],
-        "steal": m1["steal"] - m0["steal"],
-        "bench_processes": ours,
-        "other_processes": m1["busy"] - m0["busy"] - ours,
-    }
-    return out
+def start_bare_relay(upstream: str, tmp: Path) -> Started:
+    return Started(start_role(BARE, "--upstream", upstream))
 
 
-async def run_steps(bench: Bench, res: dict[str, Any], started: float) -> None:
-    """The chosen steps into ``res``; then, if asked, the profile."""
-    args = bench.args
-    for name, step in STEP_FUNCTIONS:
-        if name in args.steps:
-            _progress(started, name)
-            res[name] = await run_step(bench, step)
-    _progress(started, "tracker")
-    if "tracker" in args.steps:
-        res["tracker"] = tracker_cpu(args.long_tokens, args.tracker_reps)
-    res["runtime_s"] = time.perf_counter() - started
-    if args.profile:
-        _progress(started, "profile")
-        res["profile"] = await profile(bench, RESULTS_DIR)
-        res["runtime_with_profile_s"] = time.perf_counter() - started
+DIRECT = "client → fake upstream, no process between"
+RELAYS = {
+    BARE: PathSpec(start_bare_relay, "reference: aiohttp relay loop, nothing else", False),
+    PROXY: PathSpec(
+        start_timing_proxy,
+        "parses every event: timing record per request, /stats, metrics, log line",
+        True,
+    ),
+}
 
 
-async def proxy_stats_requests(session: Any, proxies: dict[str, Proc]) -> dict[str, Any]:
-    """Each timing-proxy's ``requests`` count from its ``/stats`` (not the references)."""
-    out: dict[str, Any] = {}
-    for proc in proxies.values():
-        if proc.name in REFERENCES:
-            continue
-        async with session.get(proc.admin_url + "/stats") as resp:
-            stats = await resp.json()
-        out[proc.name] = stats.get("requests")
-    return out
+def _last_line(path: Path | None) -> str:
+    text = path.read_text(errors="replace").strip() if path and path.exists() else ""
+    return f" (stderr: {text.splitlines()[-1][:200]})" if text else ""
 
 
-async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """The whole run; every process it started is stopped at the end."""
+async def _start_all(
+    session: Any, paths: dict[str, PathSpec], upstream: Proc, tmp: Path, procs: list[Proc]
+) -> tuple[dict[str, Started], dict[str, str]]:
+    """Every path that starts and answers (LiteLLM takes up to a minute), and why each other
+    one did not."""
+    up: dict[str, Started] = {}
+    skipped: dict[str, str] = {}
+    for name, spec in paths.items():
+        try:
+            started = await asyncio.to_thread(spec.launch, upstream.url, tmp)
+            procs.append(started.proc)
+            try:
+                ready = started.ready_url or started.proc.url + "/health"
+                await wait_ready(session, started.proc, ready, 120.0)
+            except RuntimeError as exc:
+                started.proc.stop()
+                raise Unavailable(f"{exc}{_last_line(started.stderr_log)}") from exc
+            up[name] = started
+        except Unavailable as exc:
+            skipped[name] = str(exc)
+            print(f"[bench] {name} skipped: {exc}", file=sys.stderr, flush=True)
+    return up, skipped
+
+
+def _targets(upstream: Proc, started: dict[str, Started]) -> dict[str, Target]:
     import aiohttp
 
-    started = time.perf_counter()
-    stamp = datetime.now(UTC)
+    def sessions(headers: dict[str, str]) -> dict[str, Any]:
+        connector = aiohttp.TCPConnector
+        return {
+            k: aiohttp.ClientSession(connector=connector(limit=0), headers=headers) for k in KINDS
+        }
+
+    out = {"direct": Target("direct", upstream.url, None, sessions({}))}
+    for name, s in started.items():
+        out[name] = Target(name, s.proc.url, s.proc, sessions(s.headers))
+    return out
+
+
+def _ours(rig: Rig, upstream: Proc) -> float:
+    """CPU seconds so far of the bench's own processes: the paths, the upstream, the client."""
+    return sum(rig.cpu_all().values()) + upstream.cpu() + time.process_time()
+
+
+async def _steps(rig: Rig, upstream: Proc, args: argparse.Namespace, res: dict[str, Any]) -> None:
+    """Latency, then the long stream; the cores other processes kept busy meanwhile."""
+    t0, m0, c0 = time.perf_counter(), machine_cpu(), _ours(rig, upstream)
+    kinds = {
+        "stream": chat_body(args.stream_tokens, True),
+        "plain": chat_body(args.plain_tokens, False),
+    }
+    print(
+        f"[bench] latency: {args.rounds} rounds per kind, {len(rig.targets)} paths", file=sys.stderr
+    )
+    lat = await measure_latency(rig, kinds, args.rounds, args.warmup, args.block)
+    lat["stream_sse_events"] = llama_event_count(args.stream_tokens)
+    lat["plain_body_bytes"] = len(llama_plain_body(args.plain_tokens))
+    res["latency"] = lat
+    if args.long_runs > 0:
+        print(f"[bench] long stream: {args.long_tokens} tokens", file=sys.stderr, flush=True)
+        res["long_stream"] = await measure_long_stream(rig, args.long_tokens, args.long_runs)
+    others = machine_cpu() - m0 - (_ours(rig, upstream) - c0)
+    res["other_cores"] = others / (time.perf_counter() - t0)
+    res["rss_mib"] = {n: t.proc.rss_mib() if t.proc else None for n, t in rig.targets.items()}
+
+
+async def run_paths(
+    args: argparse.Namespace, paths: dict[str, PathSpec], script: str
+) -> dict[str, Any]:
+    """The whole run over ``direct`` and ``paths``; every process it started is stopped."""
+    import aiohttp
+
+    started_at, stamp = time.perf_counter(), datetime.now(UTC)
     machine = machine_info()
-    machine["busy_cores_before_start"] = busy_cores_before_start()
-    want_uvloop = args.uvloop
-    if want_uvloop and machine["uvloop"] is None:
-        print("uvloop is not importable: running the asyncio proxy only", file=sys.stderr)
-        want_uvloop = False
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     procs: list[Proc] = []
+    targets: dict[str, Target] = {}
     try:
-        upstream = start_upstream(args.keep_streams_alive)
+        upstream = start_role("upstream")
         procs.append(upstream)
-        proxies = start_relays(args, upstream, tmp, want_uvloop, procs)
-        async with (
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as plain,
-        ):
-            await wait_all_ready(session, upstream, proxies)
-            bench = Bench(args, upstream, proxies, session, plain, random.Random(args.seed))
-            res = run_header(args, stamp, machine, bench)
-            await run_steps(bench, res, started)
-            if res_stats := await proxy_stats_requests(session, proxies):
-                res["proxy_stats_requests"] = res_stats
+        async with aiohttp.ClientSession() as probe:
+            await wait_ready(probe, upstream, upstream.url + "/v1/models")
+            up, skipped = await _start_all(probe, paths, upstream, tmp, procs)
+        targets = _targets(upstream, up)
+        rig = Rig(dict(targets), random.Random(args.seed))
+        res: dict[str, Any] = {
+            "timestamp": iso_utc(stamp, timespec="seconds"),
+            "command": command_line(script),
+            "machine": machine,
+            "args": {k: v for k, v in vars(args).items() if k not in ("out", "role", "upstream")},
+            "order": ["direct", *paths],
+            "paths": {"direct": {"does": DIRECT, "analyses": False}}
+            | {n: {k: v for k, v in vars(s).items() if k != "launch"} for n, s in paths.items()},
+            "skipped": skipped,
+        }
+        await _steps(rig, upstream, args, res)
+        res["failed"] = rig.failed
+        res["runtime_s"] = time.perf_counter() - started_at
+        res["load"] = {"before": machine["load_average"], "after": os.getloadavg()}
+        res["load"]["other_cores"] = res.pop("other_cores")
         return res
     finally:
+        for t in targets.values():
+            for s in t.sessions.values():
+                await s.close()
         for proc in reversed(procs):
             proc.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,7 @@ delays), or one of the script factories below (``replay``, ``sse``, ``die_after`
 happened to its connection, so tests can check that the proxy forwarded the request unchanged and
 that it closed the upstream connection when it should.
 
-``llama_chat`` is also the relay benchmark's upstream (``bench/overhead/upstream.py`` serves
+``llama_chat`` is also the relay benchmark's upstream (``bench/overhead/servers.py`` serves
 ``FakeUpstream(llama_chat(), keep_seen=False)`` in a process of its own): a fast chat completion
 endpoint writing precomputed llama-shaped events (``LLAMA_ROLE_EVENT``, ``llama_token_event``,
 ``llama_final_event``, ``llama_plain_body``), as fast as possible or paced.

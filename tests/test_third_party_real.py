@@ -50,7 +50,7 @@ from tests.third_party import (
 pytestmark = pytest.mark.real
 
 LLAMA_ARGS = ("-t", "1", "--cache-ram", "0", "-n", "160", "--temp", "0")
-LOAD = AiperfLoad(requests=20, entries=10, isl=32, osl=16, concurrency=1)
+LOAD = AiperfLoad(requests=20, entries=20, isl=32, osl=16, concurrency=1)
 DIRECT_LOSS = "ServerDisconnectedError"
 """The one failure a direct AIPerf run may have: llama-server closed an idle keep-alive
 connection AIPerf then reused."""
@@ -201,10 +201,9 @@ def test_aiperf_timings_match_the_proxy_records(aiperf_runs: AiperfRuns) -> None
 
 
 def test_aiperf_independent_prompts_claim_no_cache_loss(aiperf_runs: AiperfRuns) -> None:
-    """AIPerf's prompts are independent of each other: no record claims a prefill was paid
-    again (``prefill_cause``, ``prefill_lost_ms``), distinct prompts are never one
-    conversation (a repeat of a prompt may share its conversation), and the run is not
-    folded into a single conversation."""
+    """AIPerf's twenty prompts are independent of each other (each sent once): no record
+    claims a prefill was paid again (``prefill_cause``, ``prefill_lost_ms``), distinct prompts
+    are never one conversation, and the run is not folded into a single conversation."""
     records = aiperf_runs.records
     claimed = [
         (r["id"], r.get("prefill_cause"), r.get("prefill_lost_ms"))

@@ -322,7 +322,7 @@ class AiperfLoad:
     tokens drawn from ``entries`` distinct ones, ``osl`` tokens each (``ignore_eos``)."""
 
     requests: int = 20
-    entries: int = 10
+    entries: int = 20
     isl: int = 32
     osl: int = 16
     concurrency: int = 1

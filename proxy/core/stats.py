@@ -493,9 +493,8 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         """The ``/stats`` document.
 
-        A read walks each window's occupied buckets and sorts nothing: about a millisecond
-        with full windows (``bench/stats_stall.py``), so it is built in one go, the state at
-        one instant.
+        A read walks each window's occupied buckets and sorts nothing, so it is built in one
+        go, the state at one instant.
         """
         kinds: dict[str, Any] = {}
         for kind, window in self._windows.items():

@@ -266,7 +266,7 @@ async def _reopen_log_on_hup(app: web.Application) -> None:
 
 async def _freeze_gc(app: web.Application) -> None:
     # Everything alive now (modules, the app) lives as long as the process: out of the
-    # collector's generations, full collections stop walking it (bench/README.md).
+    # collector's generations, full collections stop walking it.
     gc.collect()
     gc.freeze()
 

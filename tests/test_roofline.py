@@ -288,7 +288,7 @@ SEED_MEDIANS = {
 
 class TestSummaryAndLines:
     def test_summary_numbers(self) -> None:
-        """The summary carries the seed's figures as numbers, marked as estimates."""
+        """The summary carries the measurement's figures as numbers, marked as estimates."""
         out = roofline_summary(SEED_META, SEED_BOARD, SEED_MEDIANS)
         assert out["estimate"] is True
         assert out["floor_ms_per_token"] == pytest.approx(36.0, abs=0.05)

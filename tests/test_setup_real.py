@@ -1,4 +1,4 @@
-"""Setup findings against the real llama-server (issue 17's tests).
+"""Setup findings against the real llama-server.
 
 Gemma 3 270M with its own chat template (no ``--chat-template-file``): the template renders no
 tools and llama-server answers every tool request 200. The proxy must say so at start (from

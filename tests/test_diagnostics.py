@@ -137,4 +137,4 @@ class TestOpenAI:
         answer = openai_diagnostics(diagnosed(first, other)[1])
         parsed = OPENAI.validate_python(answer)
         assert (parsed.type, parsed.cache_missed_tokens) == ("cache_miss", 0)  # type: ignore[union-attr]
-        assert parsed.comparison_reusable_tokens > 0  # type: ignore[union-attr]
+        assert (parsed.comparison_reusable_tokens or 0) > 0  # type: ignore[union-attr]

@@ -30,7 +30,7 @@ from proxy.core.prefix import (
 )
 from proxy.core.reuse import repeated_tokens
 
-__all__ = ["Attribution", "Changed", "PrefixKind", "PromptHistory"]
+__all__ = ["Attribution", "Changed", "Comparison", "PrefixKind", "PromptHistory", "compare"]
 
 MIN_SHARED = 8
 """A best match sharing fewer tokens than this (a template header) makes a prompt cold."""
@@ -90,6 +90,35 @@ class Attribution:
     """The matched prompt's generated tokens, when known."""
     previous_extent: int | None = None
     """The matched prompt's tokens plus its answer's: what its slot held after it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """How a prompt relates to one named earlier prompt (not the best match: the one an agent
+    asked about): the kind, the shared prefix in tokens (no BOS), what changed and what of
+    the earlier prompt after the difference this one repeats."""
+
+    kind: PrefixKind
+    shared: int
+    changed: Changed | None = None
+    repeated: int = 0
+    section: str | None = None
+
+
+def compare(prompt: RenderedPrompt, earlier: RenderedPrompt) -> Comparison:
+    """``prompt`` against ``earlier``, by the rules the history's matching uses."""
+    shared = shared_prefix(prompt.tokens, earlier.tokens)
+    extends = shared >= earlier.generation_start() and len(prompt) > shared
+    verdict = _classify(prompt, earlier, shared, extends)
+    if verdict.kind in (PrefixKind.RETRY, PrefixKind.EXTENDS):
+        return Comparison(verdict.kind, shared)
+    repeated = verdict.repeated
+    if verdict.kind in (PrefixKind.BRANCH, PrefixKind.COLD):
+        repeated = repeated_tokens(
+            earlier.tokens, prompt.tokens, shared, len(earlier), earlier.content
+        )
+    section = prompt.section_at(shared)[0]
+    return Comparison(verdict.kind, shared, verdict.changed, repeated, section)
 
 
 @dataclass(frozen=True, slots=True)

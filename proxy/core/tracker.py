@@ -173,8 +173,9 @@ class StreamTracker:
             self._analysis_error = "response_body_too_large"
 
     def _on_event(self, data: bytes, now: float) -> None:
-        """One framed event: counted, matched against the dialect's patterns, and parsed
-        (once) when it is the first or the ``interesting`` pattern finds something in it."""
+        """One framed event: counted, matched against the dialect's patterns, and its JSON
+        parsed (once) when it is the first, when ``interesting`` finds something in it, or
+        when it is a token event that carries reasoning."""
         self._events += 1
         if self._first_event is None:
             self._first_event = now
@@ -193,16 +194,15 @@ class StreamTracker:
                 self._first_token = now
             self._last_token = now
             if self._reasoning is not None and self._reasoning(data) is not None:
-                self._think(data if obj is _UNREAD else obj, now)
+                self._think(_json(data) if obj is _UNREAD else obj, now)
 
-    def _think(self, event: object, now: float) -> None:
-        """A reasoning event at ``now`` (its data, or its parsed JSON): its time and text."""
-        if isinstance(event, bytes):
-            event = _json(event)
-        if event is _NOT_JSON:
+    def _think(self, obj: object, now: float) -> None:
+        """A reasoning event's parsed JSON at ``now``: its time and text (none when the event
+        is no JSON)."""
+        if obj is _NOT_JSON:
             return
         reader = self._dialect.reasoning_text
-        text = reader(event) if reader is not None and isinstance(event, dict) else None
+        text = reader(obj) if reader is not None and isinstance(obj, dict) else None
         if self._reasoning_first is None:
             self._reasoning_first = now
         self._reasoning_last = now

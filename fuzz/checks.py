@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from proxy.core.assemble import Exchange, build_record
+from proxy.core.dialects import CHAT_COMPLETIONS, DIALECTS, Dialect
 from proxy.core.record import Kind, Outcome, Record, ServerTimings
 from proxy.core.request import RequestFacts, analyse_request
 from proxy.core.schema import for_counting, render_key, schema_hash, strip_tools
@@ -264,10 +265,16 @@ def track(
     clock: Callable[[], float] = lambda: 1.0,
     max_event_bytes: int = DEFAULT_CAP,
     max_body_bytes: int = DEFAULT_BODY_CAP,
+    dialect: Dialect = CHAT_COMPLETIONS,
 ) -> tuple[Observation, int]:
     """Feed ``chunks`` to a tracker (t0 = 0) and finish it: the observation and bytes_seen."""
     tracker = StreamTracker(
-        0.0, sse=sse, clock=clock, max_event_bytes=max_event_bytes, max_body_bytes=max_body_bytes
+        0.0,
+        sse=sse,
+        clock=clock,
+        max_event_bytes=max_event_bytes,
+        max_body_bytes=max_body_bytes,
+        dialect=dialect,
     )
     for chunk in chunks:
         tracker.feed(chunk)
@@ -276,11 +283,19 @@ def track(
 
 
 def check_tracker(
-    stream: bytes, cuts: Sequence[int], sse: bool, *, max_event_bytes: int = DEFAULT_CAP
+    stream: bytes,
+    cuts: Sequence[int],
+    sse: bool,
+    *,
+    max_event_bytes: int = DEFAULT_CAP,
+    dialect: Dialect = CHAT_COMPLETIONS,
 ) -> Observation:
-    """Whole vs split on a constant clock: equal observations, exact byte counts, sound types."""
-    whole, seen_whole = track([stream], sse, max_event_bytes=max_event_bytes)
-    split, seen_split = track(split_at(stream, cuts), sse, max_event_bytes=max_event_bytes)
+    """Whole vs split on a constant clock: equal observations, exact byte counts, sound types
+    (the events read through ``dialect``)."""
+    whole, seen_whole = track([stream], sse, max_event_bytes=max_event_bytes, dialect=dialect)
+    split, seen_split = track(
+        split_at(stream, cuts), sse, max_event_bytes=max_event_bytes, dialect=dialect
+    )
     n = len(stream)
     require(seen_whole == seen_split == n, lambda: f"bytes_seen {seen_whole}/{seen_split} != {n}")
     require(whole.response_bytes == split.response_bytes == n, "response_bytes != input length")
@@ -520,15 +535,18 @@ def decode_sse_input(data: bytes) -> tuple[bytes, list[int], int]:
     return stream, _cuts(data[2:], count, len(stream)), cap
 
 
-def decode_tracker_input(data: bytes) -> tuple[bytes, list[int], bool, int]:
-    """``[flags][n cuts][cuts][stream]``: bit 0 = SSE, bit 1 = a small event cap (64..2048)."""
+def decode_tracker_input(data: bytes) -> tuple[bytes, list[int], bool, int, Dialect]:
+    """``[flags][n cuts and dialect][cuts][stream]``: flags bit 0 = SSE, bit 1 = a small
+    event cap (64..2048); the second byte mod 9 is the number of cuts, divided by 9 it picks
+    the dialect (Chat Completions for the small values the seeds use)."""
     if len(data) < 2:
-        return data, [], True, DEFAULT_CAP
+        return data, [], True, DEFAULT_CAP, CHAT_COMPLETIONS
     flags = data[0]
     cap = 64 + 32 * (flags >> 2) if flags & 2 else DEFAULT_CAP
     count = data[1] % 9
+    dialect = DIALECTS[data[1] // 9 % len(DIALECTS)]
     stream = data[2 + 2 * count :]
-    return stream, _cuts(data[2:], count, len(stream)), bool(flags & 1), cap
+    return stream, _cuts(data[2:], count, len(stream)), bool(flags & 1), cap, dialect
 
 
 METHODS = ("POST", "GET", "PUT", "HEAD", "OPTIONS", "DELETE", "post", "PATCH")

@@ -1,4 +1,4 @@
-"""Property tests of the four dialects against the official SDKs (issue 11).
+"""Property tests of the four dialects against the official SDKs.
 
 Hypothesis draws one model turn (reasoning and text pieces, 0-3 tool calls whose argument JSON
 is split at random points, the final counts and ``timings``), renders it in each API's exact

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 from fuzz import checks
 from fuzz.checks import BOM, KNOWN_BUGS
+from proxy.core.dialects import DIALECTS, Dialect, dialect_for
 from proxy.core.record import Outcome
 from proxy.core.sse import SSEFramer
 from proxy.core.tracker import StreamTracker
@@ -284,8 +285,9 @@ _INTERESTING = [
 
 
 @st.composite
-def mutated_recording(draw: st.DrawFn) -> tuple[bytes, bool]:
-    """A recorded llama-server body with random flips, insertions, deletions and a truncation."""
+def mutated_recording(draw: st.DrawFn) -> tuple[bytes, bool, Dialect]:
+    """A recorded llama-server body with random flips, insertions, deletions and a truncation,
+    and the dialect of its request's path."""
     rec = _RECORDINGS[draw(st.sampled_from(sorted(_RECORDINGS)))]
     sse_body = (rec.header("Content-Type") or "").startswith("text/event-stream")
     buf = bytearray(rec.body)
@@ -303,7 +305,8 @@ def mutated_recording(draw: st.DrawFn) -> tuple[bytes, bool]:
     if draw(st.booleans()):
         del buf[draw(st.integers(0, len(buf))) :]
     # now and then the wrong framing: SSE read as a JSON body and the other way round
-    return bytes(buf), sse_body if draw(st.integers(0, 9)) else not sse_body
+    framing = sse_body if draw(st.integers(0, 9)) else not sse_body
+    return bytes(buf), framing, dialect_for(rec.request_path)
 
 
 class Raw(bytes):
@@ -458,23 +461,27 @@ def dump(value: Any) -> bytes:
 
 class TestTracker:
     @_settings(400)
-    @given(streams, st.booleans(), st.data())
+    @given(streams, st.booleans(), st.sampled_from(DIALECTS), st.data())
     def test_tracker_arbitrary_bytes(
-        self, count: Any, stream: bytes, sse_body: bool, data: st.DataObject
+        self, count: Any, stream: bytes, sse_body: bool, dialect: Dialect, data: st.DataObject
     ) -> None:
-        """Arbitrary bytes as SSE or JSON body: no raise, exact byte counts, chunking-invariant."""
+        """Arbitrary bytes as SSE or JSON body, read through any dialect: no raise, exact byte
+        counts, chunking-invariant."""
         count()
-        checks.check_tracker(stream, data.draw(cuts(stream)), sse_body)
+        checks.check_tracker(stream, data.draw(cuts(stream)), sse_body, dialect=dialect)
 
     @_settings(400)
     @given(mutated_recording(), st.sampled_from([checks.DEFAULT_CAP, 128, 1024]), st.data())
     def test_tracker_mutated_recordings(
-        self, count: Any, case: tuple[bytes, bool], cap: int, data: st.DataObject
+        self, count: Any, case: tuple[bytes, bool, Dialect], cap: int, data: st.DataObject
     ) -> None:
-        """Real llama-server bodies with random flips, insertions, deletions and truncation."""
+        """Real llama-server bodies with random flips, insertions, deletions and truncation,
+        read through the dialect of their path."""
         count()
-        stream, sse_body = case
-        checks.check_tracker(stream, data.draw(cuts(stream)), sse_body, max_event_bytes=cap)
+        stream, sse_body, dialect = case
+        checks.check_tracker(
+            stream, data.draw(cuts(stream)), sse_body, max_event_bytes=cap, dialect=dialect
+        )
 
     @_settings(300)
     @given(st.lists(llama_objects, min_size=1, max_size=4), st.booleans(), st.data())

@@ -549,8 +549,7 @@ class TestSSEErrorsAndUsage:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """An analysis failure mid-stream keeps earlier token times and stops the analysis
-        (the failing chunk is a ping and a tool-call delta, which the framer reads: the fast
-        path reads no event that could fail)."""
+        (the failing chunk is a ping and a tool-call delta)."""
         clock = FakeClock()
         tracker = StreamTracker(T0, sse=True, clock=clock)
         clock.t = T0 + 1.0
@@ -1020,7 +1019,7 @@ class TestJSONBody:
 
 
 # --------------------------------------------------------------------------------------------
-# The fast path (issue 15): template-shaped token events counted without the framer
+# Token texts that look like keys, bytes kept unread
 
 _CHAT_HEAD = b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"'
 _MSG_HEAD = (
@@ -1028,7 +1027,7 @@ _MSG_HEAD = (
     b'"delta":{"type":"text_delta","text":"'
 )
 _DIALECT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
-# token texts chosen to hit every guard: pattern pieces, quotes, escapes, line breaks
+# token texts that are pieces of the dialects' patterns, quotes, escapes, line breaks
 _TEXTS = st.one_of(
     st.sampled_from(
         [
@@ -1085,42 +1084,22 @@ def _stream_parts(kind: str) -> st.SearchStrategy[list[bytes]]:
     return st.lists(st.one_of(plain, plain, token, _OTHER_EVENTS), min_size=1, max_size=24)
 
 
-def _feed_all(
-    parts: list[bytes], cuts: list[int], path: str, *, fast: bool, cap: int
-) -> Observation:
-    """The stream of ``parts`` cut at ``cuts`` (plus between parts when ``cuts`` is
-    empty), each piece at its own time, through a tracker with or without its fast path."""
+def _observe_cut(parts: list[bytes], cuts: list[int], path: str) -> Observation:
+    """The stream of ``parts`` cut at ``cuts`` (between parts when ``cuts`` is empty), each
+    piece at its own time, through a tracker for the dialect of ``path``."""
     stream = b"".join(parts)
     if cuts:
         pieces = [stream[a:b] for a, b in pairwise([0, *sorted(set(cuts)), len(stream)])]
     else:
         pieces = parts
-    facts_dialect = analyse_request("POST", path, b"").dialect
-    tracker = StreamTracker(T0, sse=True, dialect=facts_dialect, max_event_bytes=cap)
-    if not fast:
-        tracker._spec = None  # the framer for every event: the implementation before
+    dialect = analyse_request("POST", path, b"").dialect
+    tracker = StreamTracker(T0, sse=True, dialect=dialect)
     for i, piece in enumerate(pieces):
         tracker.feed(piece, T0 + i + 1.0)
     return tracker.finish()
 
 
-class TestFastPath:
-    @settings(max_examples=400, deadline=None)
-    @given(st.sampled_from(sorted(_DIALECT_PATHS)), st.data())
-    def test_fast_path_observes_what_the_framer_does(self, kind: str, data: st.DataObject) -> None:
-        """Any mix of template-shaped token events (texts that are pattern pieces, quotes,
-        escapes, line breaks, a new ``created``), other events, pings, CRLF, ids and broken
-        lines, cut anywhere or between events: the observation with the fast path equals the
-        one with every event framed and matched by the dialect's patterns."""
-        parts = data.draw(_stream_parts(kind))
-        size = sum(map(len, parts))
-        cuts = data.draw(st.one_of(st.just([]), st.lists(st.integers(1, max(1, size - 1)))))
-        cap = data.draw(st.sampled_from([8 * 1024 * 1024, 200]))
-        path = _DIALECT_PATHS[kind]
-        fast = _feed_all(parts, cuts, path, fast=True, cap=cap)
-        slow = _feed_all(parts, cuts, path, fast=False, cap=cap)
-        assert fast == slow
-
+class TestKeyLikeTextsAndDeferredBytes:
     @settings(max_examples=300, deadline=None)
     @given(st.sampled_from(sorted(_DIALECT_PATHS)), st.data())
     def test_bytes_kept_unread_change_no_observation(self, kind: str, data: st.DataObject) -> None:
@@ -1143,65 +1122,28 @@ class TestFastPath:
                 assert later.peek() == now.peek()
         assert later.finish() == now.finish()
 
-    def test_fast_path_counts_template_events(self) -> None:
-        """After one token event read the slow way, the next ones of its shape are counted
-        as token events at their chunk's time, and the final event is still read."""
-        chunks = [role(), content("a"), content("b"), content("c"), finish("length"), DONE]
-        obs = run_sse(at_one_per_second(chunks))
-        assert (obs.events, obs.token_events) == (6, 3)
-        assert (obs.first_token_s, obs.last_token_s) == (2.0, 4.0)
-        assert obs.finish_reason == "length"
-        assert obs.done
-
-    def test_reads_cut_mid_event_go_back_to_the_fast_path(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """A fast stream's reads end anywhere, so most begin with the rest of an event: the
-        framer reads that rest, and the template's events after it in the same read are
-        counted the fast way (about one framed event per read, not every event), with the
-        observation the same as one event per read."""
-        framed: list[bytes] = []
-        original = StreamTracker._on_event
-
-        def spy(self: StreamTracker, data: bytes, now: float) -> None:
-            framed.append(data)
-            original(self, data, now)
-
-        events = [role(), *(content(f"t{i % 10}") for i in range(300)), finish("length"), DONE]
-        stream = b"".join(events)
-        reads = [stream[a : a + 1000] for a in range(0, len(stream), 1000)]
-        monkeypatch.setattr(StreamTracker, "_on_event", spy)
-        obs = run_sse([(1.0, read) for read in reads])
-        # framed: the first read's events (a template is learnt at their end), then the event
-        # each read begins inside, the final event and [DONE]
-        assert len(framed) <= len(reads) + 8 < len(events) // 3, (len(framed), len(reads))
-        monkeypatch.undo()
-        assert obs == run_sse([(1.0, e) for e in events])
-        assert obs.token_events == 300 and obs.done
-
     @pytest.mark.parametrize("text", ["usage", "timings", "tool_calls", "error", ":"])
-    def test_text_that_could_complete_a_key_is_read_the_slow_way(
-        self, text: str, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """A token whose whole text is a piece of an ``interesting`` match (``"usage"``
-        between the template's quotes) is framed and matched, as before the fast path."""
-        seen: list[bytes] = []
-        original = StreamTracker._on_event
-
-        def spy(self: StreamTracker, data: bytes, now: float) -> None:
-            seen.append(data)
-            original(self, data, now)
-
-        monkeypatch.setattr(StreamTracker, "_on_event", spy)
-        tracker = StreamTracker(T0, sse=True, clock=FakeClock(1.0))
-        for chunk in (role(), content("a"), content("b"), content(text)):
-            tracker.feed(chunk)
-        assert len(seen) == 3  # role, "a" (learnt), then the key-like text; "b" was fast
-        assert tracker.finish().token_events == 3
+    def test_text_that_names_a_key_is_one_token(self, text: str) -> None:
+        """A token whose whole text is a key the dialect looks for (``"usage"`` as content)
+        counts as one token and states nothing else: no counts, no call, no error."""
+        chunks = [role(), content("a"), content(text), DONE]
+        obs = run_sse(at_one_per_second(chunks))
+        assert (obs.events, obs.token_events, obs.last_token_s) == (4, 2, 3.0)
+        assert (obs.timings, obs.tool_calls, obs.upstream_error) == (None, (), None)
+        assert obs.finish_reason is None and obs.done
 
     @pytest.mark.parametrize(
-        "text",
-        [b"plain", b"a\\nb", b"\\u00e9", b"caf\xc3\xa9", b"\xff", b"\x01", b"a\\", b"\\x"],
+        ("text", "read"),
+        [
+            (b"plain", "plain"),
+            (b"a\\nb", "a\nb"),
+            (b"\\u00e9", "\u00e9"),
+            (b"caf\xc3\xa9", "caf\u00e9"),
+            (b"\xff", ""),
+            (b"\x01", ""),
+            (b"a\\", ""),
+            (b"\\x", ""),
+        ],
         ids=[
             "plain",
             "escape",
@@ -1213,22 +1155,22 @@ class TestFastPath:
             "bad-escape",
         ],
     )
-    def test_reasoning_texts_read_alike_fast_and_slow(self, text: bytes) -> None:
-        """A reasoning event of the template's shape whose text is written raw in the JSON
-        (escapes, non-ASCII, bytes no JSON parser accepts): with and without the fast path,
-        whole or one event per read, the same reasoning text and times."""
+    def test_reasoning_text_is_the_json_string(self, text: bytes, read: str) -> None:
+        """A reasoning delta's text is its JSON string decoded (escapes, non-ASCII); a delta
+        that is no JSON (bad UTF-8, a raw control byte, a broken escape) adds no text. The
+        same one event per read and cut inside an event."""
         shaped = reasoning("TEXT")
         parts = [role(), reasoning("first"), shaped.replace(b"TEXT", text), reasoning("last")]
-        for cuts in ([], [len(b"".join(parts[:2])) + 3]):
-            fast = _feed_all(parts, cuts, "/v1/chat/completions", fast=True, cap=1 << 20)
-            slow = _feed_all(parts, cuts, "/v1/chat/completions", fast=False, cap=1 << 20)
-            assert fast == slow
+        per_event = _observe_cut(parts, [], "/v1/chat/completions")
+        cut = _observe_cut(parts, [len(b"".join(parts[:2])) + 3], "/v1/chat/completions")
+        assert per_event.reasoning_text == cut.reasoning_text == f"first{read}last"
+        assert (per_event.reasoning_first_s, per_event.reasoning_last_s) == (2.0, 4.0)
+        assert per_event.token_events == 3
 
-    def test_reasoning_event_that_is_not_json_teaches_no_template(self) -> None:
-        """The fuzzer's find: an event whose bytes match both the token pattern (``content``)
-        and the reasoning one, but that is no JSON, is no reasoning on the slow path; a
-        template learnt from it must not make the next such event reasoning on the fast
-        path. The observation is the same whole and cut."""
+    def test_reasoning_event_that_is_not_json_is_no_reasoning(self) -> None:
+        """An event whose bytes match both the token pattern (``content``) and the reasoning
+        one, but that is no JSON, is a token and no reasoning; the observation is the same
+        whole and cut anywhere."""
         broken = (
             b'data: {"index":0,"content":".","tokens":[1],"stop":false,'
             b'"id_sl"reasoning_content":"x"d":8}\n\n'
@@ -1246,17 +1188,7 @@ class TestFastPath:
         for cut in range(1, len(stream)):
             assert observe(stream[:cut], stream[cut:]) == whole, cut
         assert whole.reasoning_text is None and whole.reasoning_first_s is None
-
-    def test_every_dialect_pattern_has_a_decided_fast_path(self) -> None:
-        """Chat Completions, completions and Messages get a fast path; the Responses API,
-        whose token pattern does not end with the text's first byte, keeps the framer."""
-        from proxy.core.dialects import DIALECTS
-        from proxy.core.tracker import _fast_spec
-
-        fast = {
-            d.name for d in DIALECTS if _fast_spec(d.token, d.interesting, d.end_data, d.reasoning)
-        }
-        assert fast == {"chat_completions", "completions", "messages"}
+        assert whole.token_events == 3
 
 
 def reasoning(text: str) -> bytes:
@@ -1281,8 +1213,8 @@ class TestReasoning:
         return at_one_per_second(chunks)
 
     def test_reasoning_times_and_text_one_event_per_chunk(self) -> None:
-        """Six reasoning deltas (one per chunk: most go the fast path, a quoted and an
-        accented one the slow): first at 2 s, last at 7 s, the text joined exactly."""
+        """Six reasoning deltas, one per chunk (a quoted and an accented one among them):
+        first at 2 s, last at 7 s, the text joined exactly."""
         obs = run_sse(self._stream())
         assert (obs.reasoning_first_s, obs.reasoning_last_s) == (2.0, 7.0)
         assert obs.reasoning_text == "".join(self.THOUGHTS)

@@ -1,4 +1,4 @@
-"""What a dialect provides: byte patterns for the hot path and readers for parsed JSON."""
+"""What a dialect provides: byte patterns matched in every event, readers for parsed JSON."""
 
 from __future__ import annotations
 
@@ -82,9 +82,9 @@ def never(obj: dict[str, Any]) -> bool:
 class Dialect:
     """One API's shape, as the tracker and the request analysis need it.
 
-    ``token`` and ``interesting`` are searched in every event's raw bytes (the hot path):
-    an event matching ``token`` carries generated text; only events matching
-    ``interesting`` (and the first) are parsed. The readers take parsed JSON objects.
+    ``token`` and ``interesting`` are searched in every event's raw bytes: an event
+    matching ``token`` carries generated text; only events matching ``interesting`` (and
+    the first) are parsed. The readers take parsed JSON objects.
     """
 
     name: str

@@ -165,7 +165,8 @@ CHAT_COMPLETIONS = Dialect(
     handles=_is_chat,
     # llama-server writes compact JSON, in which a key cannot occur unescaped in a string
     token=re.compile(rb'"(?:reasoning_content|content|text)": ?"[^"]'),
-    interesting=re.compile(rb'"(?:timings|usage|tool_calls|error)"|"finish_reason": ?"'),
+    # one leading quote for every branch: the search tries the branches only at a quote
+    interesting=re.compile(rb'"(?:timings"|usage"|tool_calls"|error"|finish_reason": ?")'),
     finish_reasons=_finish_reasons,
     tool_reader=stateless(_stream_tool_deltas),
     body_tool_calls=_body_tool_calls,

@@ -88,7 +88,7 @@ COMPLETIONS = Dialect(
     handles=_handles,
     # compact JSON: a key cannot occur unescaped in a string; an empty piece is no token
     token=re.compile(rb'"(?:content|text)": ?"[^"]'),
-    interesting=re.compile(rb'"(?:timings|usage|error|stop_type)"|"finish_reason": ?"'),
+    interesting=re.compile(rb'"(?:timings"|usage"|error"|stop_type"|finish_reason": ?")'),
     finish_reasons=_finish_reasons,
     tool_reader=stateless(_no_tool_deltas),
     body_tool_calls=_no_tool_deltas,

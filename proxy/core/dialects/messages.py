@@ -24,25 +24,20 @@ length can differ from the same call's streamed fragments, and arguments llama-s
 not parse come back as ``{}``. A call cut by ``max_tokens`` inside its arguments is such a
 ``{}``: a body whose ``stop_reason`` is ``max_tokens`` and whose last call's ``input`` is
 ``{}`` shows its last call cut (:func:`_body_call_cut`), as the same stream's fragments do.
+
+The request side (system turn, images, the Chat Completions form) is
+:mod:`proxy.core.dialects.messages_form`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import orjson
 
-from proxy.core.dialects.base import (
-    PLACEHOLDER_TURN,
-    Dialect,
-    ImagePart,
-    ToolDelta,
-    chat_image_part,
-    stateless,
-    top_level_error,
-)
+from proxy.core.dialects.base import Dialect, ToolDelta, stateless, top_level_error
+from proxy.core.dialects.messages_form import chat_form, image_parts, system_turn
 from proxy.core.record import ServerTimings, valid_count
 
 __all__ = ["MESSAGES"]
@@ -203,167 +198,6 @@ def _error(obj: dict[str, Any]) -> str | None:
     return top_level_error(obj)
 
 
-def _system_turn(body: dict[str, Any]) -> dict[str, Any]:
-    """The body with a placeholder turn as its ``messages`` (``system`` is a field)."""
-    return {**body, "messages": [PLACEHOLDER_TURN]}
-
-
-def _system_text(system: Any) -> str | None:
-    """``system`` as one string: ``text`` blocks joined with no separator."""
-    if isinstance(system, list):
-        return "".join(
-            str(block.get("text", ""))
-            for block in system
-            if isinstance(block, dict) and block.get("type") == "text"
-        )
-    return system if isinstance(system, str) else None
-
-
-def _block_text(content: Any) -> str:
-    """A ``tool_result``'s content as text: a string, or its text blocks joined."""
-    if isinstance(content, list):
-        return "".join(
-            str(b.get("text", ""))
-            for b in content
-            if isinstance(b, dict) and b.get("type") == "text"
-        )
-    return content if isinstance(content, str) else ""
-
-
-def _image_url(block: Any) -> str | None:
-    """An ``image`` block's source as the URL llama-server makes of it: a ``base64`` source as
-    a data URL (``image/jpeg`` when no media type is given), a ``url`` source as it is;
-    None for any other block."""
-    if not (isinstance(block, dict) and block.get("type") == "image"):
-        return None
-    source = block.get("source")
-    if not isinstance(source, dict):
-        return None
-    if source.get("type") == "base64":
-        media_type = source.get("media_type")
-        media_type = media_type if isinstance(media_type, str) else "image/jpeg"
-        data = source.get("data")
-        return f"data:{media_type};base64,{data if isinstance(data, str) else ''}"
-    url = source.get("url")
-    return url if source.get("type") == "url" and isinstance(url, str) else None
-
-
-def _chat_part(block: dict[str, Any]) -> dict[str, Any] | None:
-    """A ``text`` block as a chat ``text`` part, an ``image`` block as an ``image_url`` part."""
-    if block.get("type") == "text":
-        return {"type": "text", "text": block.get("text")}
-    url = _image_url(block)
-    return chat_image_part(url) if url is not None else None
-
-
-def _result_content(content: Any) -> Any:
-    """A ``tool_result``'s content as llama-server passes it on: text alone as one string,
-    text and images as chat parts."""
-    if not isinstance(content, list) or not any(_image_url(b) is not None for b in content):
-        return _block_text(content)
-    return [part for b in content if isinstance(b, dict) and (part := _chat_part(b)) is not None]
-
-
-def _image_parts(body: dict[str, Any]) -> list[ImagePart]:
-    """``image`` blocks of each message, in the order llama-server converts them: those of
-    its ``tool_result`` blocks first (each becomes a tool message before the rest), then its
-    own."""
-    messages = body.get("messages")
-    out: list[ImagePart] = []
-    for i, message in enumerate(messages if isinstance(messages, list) else ()):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        own: list[ImagePart] = []
-        for j, block in enumerate(content):
-            if (url := _image_url(block)) is not None:
-                own.append(ImagePart(("messages", i, "content", j), url, "text"))
-            elif isinstance(block, dict) and block.get("type") == "tool_result":
-                inner = block.get("content")
-                for k, part in enumerate(inner if isinstance(inner, list) else ()):
-                    if (url := _image_url(part)) is not None:
-                        path = ("messages", i, "content", j, "content", k)
-                        out.append(ImagePart(path, url, "text"))
-        out += own
-    return out
-
-
-def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
-    """A ``tool_use`` block as a chat tool call (arguments: the compact JSON of ``input``)."""
-    arguments = json.dumps(block.get("input", {}), separators=(",", ":"))
-    return {
-        "id": block.get("id"),
-        "type": "function",
-        "function": {"name": block.get("name"), "arguments": arguments},
-    }
-
-
-def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """One message as chat messages: text and image blocks as chat parts, ``thinking`` as
-    ``reasoning_content``, ``tool_use`` as tool calls, each ``tool_result`` a tool message
-    of its own, before the rest."""
-    content = message.get("content")
-    role = message.get("role")
-    if not isinstance(content, list):
-        return [{"role": role, "content": content}]
-    blocks = [b for b in content if isinstance(b, dict)]
-    out: list[dict[str, Any]] = [
-        {
-            "role": "tool",
-            "tool_call_id": b.get("tool_use_id"),
-            "content": _result_content(b.get("content")),
-        }
-        for b in blocks
-        if b.get("type") == "tool_result"
-    ]
-    texts = [part for b in blocks if (part := _chat_part(b)) is not None]
-    calls = [_tool_call(b) for b in blocks if b.get("type") == "tool_use"]
-    reasoning = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
-    if texts or calls or reasoning or not out:
-        chat: dict[str, Any] = {"role": role, "content": texts or ""}
-        if calls:
-            chat["tool_calls"] = calls
-        if reasoning:
-            chat["reasoning_content"] = reasoning
-        out.append(chat)
-    return out
-
-
-_TOOL_CHOICE = {"auto": "auto", "any": "required", "tool": "required"}
-
-
-def _chat_form(turn: dict[str, Any]) -> dict[str, Any]:
-    """What llama-server's converter makes of a request (or its system turn): ``system`` as
-    the first message, the messages' blocks as chat messages,
-    each tool as a function whose parameters are its ``input_schema``, ``tool_choice``
-    ``auto``/``any``/``tool`` as ``auto``/``required`` (the rest dropped)."""
-    messages: list[Any] = []
-    if (system := _system_text(turn.get("system"))) is not None:
-        messages.append({"role": "system", "content": system})
-    for message in turn.get("messages") or ():
-        if isinstance(message, dict):
-            messages.extend(_chat_messages(message))
-    out: dict[str, Any] = {k: turn[k] for k in ("model", "chat_template_kwargs") if k in turn}
-    tools = turn.get("tools")
-    if isinstance(tools, list):
-        out["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.get("name", ""),
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema", {}),
-                },
-            }
-            for t in tools
-            if isinstance(t, dict)
-        ]
-    choice = turn.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") in _TOOL_CHOICE:
-        out["tool_choice"] = _TOOL_CHOICE[choice["type"]]
-    return {**out, "messages": messages}
-
-
 def _thinking_text(obj: dict[str, Any]) -> str | None:
     """A ``thinking_delta``'s text (an event), or the ``thinking`` blocks' text (a body)."""
     delta = obj.get("delta")
@@ -387,7 +221,7 @@ MESSAGES = Dialect(
     # compact JSON: these keys cannot occur unescaped inside a string; empty deltas are no token
     token=re.compile(rb'"(?:text_delta", ?"text|thinking_delta", ?"thinking)": ?"[^"]'),
     interesting=re.compile(
-        rb'"(?:usage|stop_reason|error|code)":|"(?:tool_use|input_json_delta|message_stop)"'
+        rb'"(?:(?:usage|stop_reason|error|code)":|(?:tool_use|input_json_delta|message_stop)")'
     ),
     finish_reasons=_finish_reasons,
     tool_reader=stateless(_stream_tool_deltas),
@@ -401,9 +235,9 @@ MESSAGES = Dialect(
     model=_model,
     error=_error,
     count_path="/v1/messages/count_tokens",
-    system_turn=_system_turn,
-    chat_form=_chat_form,
-    image_parts=_image_parts,
+    system_turn=system_turn,
+    chat_form=chat_form,
+    image_parts=image_parts,
     reasoning=re.compile(rb'"thinking_delta"'),
     reasoning_text=_thinking_text,
 )

@@ -91,12 +91,8 @@ def summarize_cache(records: Iterable[Record]) -> dict[str, Any]:
 def summarize_kind(
     records: Sequence[Record], fields: Iterable[str] = SUMMARY_FIELDS
 ) -> dict[str, Any]:
-    """``count``, ``{p50, p90, p99}`` of each field over the known values, and the split:
-    exact, by sorting (``timing-proxy report``).
-
-    The split is taken between the median prefill and the median decode, as the Jetson
-    measurement's "796 ms of prefill and 1,265 ms of decode, 39 and 61 percent".
-    """
+    """``count``, ``{p50, p90, p99}`` of each field over the known values, and the split
+    between the median prefill and the median decode: exact, by sorting."""
     return assemble_summary(
         len(records),
         {

@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ``proxy``
 
-from proxy.core.stats import QUANTILES, SUMMARY_FIELDS, _slots, _Window, percentile
+from proxy.core.summaries import QUANTILES, SUMMARY_FIELDS, percentile
+from proxy.core.windows import Window, slots
 
 Row = tuple[float | None, ...]
 TOOL_TOTALS = (3172.0, 1813.0, 2061.0, 1432.0, 4071.0)
@@ -78,9 +79,9 @@ def heavy_rows(rng: random.Random, n: int) -> list[Row]:
 def worst_error(rows: Sequence[Row], window: int) -> float:
     """Feed ``rows`` to a ``/stats`` window of ``window`` records; the largest relative error
     of its percentiles against the exact ones of the last ``window`` rows."""
-    hist = _Window(window)
+    hist = Window(window)
     for row in rows:
-        hist.push(*_slots(row))
+        hist.push(*slots(row))
     kept = [columns(row) for row in rows[-window:]]
     worst = 0.0
     for c in range(len(SUMMARY_FIELDS) + 2):

@@ -34,7 +34,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.commands.cli import _parser
+from proxy.commands.arguments import build_parser
 from proxy.commands.ports import free_port
 from proxy.config import ConfigError, load_config, parse_listen
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
@@ -426,7 +426,7 @@ def test_command_line_is_accepted_by_the_cli(
     from proxy.commands.cli import serve_config  # here: the module loads without it
 
     cmd = proxy_cmd if source == "compose" else image_cmd(final)
-    args = _parser().parse_args(cmd)  # exits (SystemExit) on an unknown flag
+    args = build_parser().parse_args(cmd)  # exits (SystemExit) on an unknown flag
     assert args.command == "serve"
     args.config = str(ROOT / "config.toml")  # the file the image copies to --config's path
     variable = token_variable(cmd)
@@ -447,7 +447,7 @@ def test_an_admin_listener_beyond_loopback_wants_a_token_from_the_environment(
     from proxy.serve.exposure import is_loopback, startup_warnings
 
     cmd = proxy_cmd if source == "compose" else image_cmd(final)
-    args = _parser().parse_args(cmd)
+    args = build_parser().parse_args(cmd)
     args.config = str(ROOT / "config.toml")
     assert not is_loopback(parse_listen(args.admin_listen)[0])
     variable = token_variable(cmd)

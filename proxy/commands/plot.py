@@ -21,7 +21,7 @@ from proxy.commands.report.errors import ReportError
 from proxy.commands.report.summary import KINDS, completed, median_call, median_record
 from proxy.core.numbers import figure
 from proxy.core.record import Record
-from proxy.core.stats import percentile
+from proxy.core.summaries import percentile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

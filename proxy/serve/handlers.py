@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from proxy.config import Config
+from proxy.core.exposition import per_model_page
 from proxy.serve.keys import (
     ACCOUNTING,
     ADMIN_SESSION,
@@ -33,7 +34,6 @@ from proxy.serve.keys import (
     TELEMETRY,
 )
 from proxy.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from proxy.serve.metrics import per_model_page
 from proxy.serve.relay import error_response
 from proxy.serve.upstream import own_headers
 
@@ -175,7 +175,7 @@ async def handle_record(request: web.Request) -> web.Response:
 async def _upstream_metrics(request: web.Request) -> bytes | None:
     """llama-server's own ``/metrics`` page, or ``None`` when it has none or does not answer.
     A router refuses ``/metrics`` without a model (400): its page is then each loaded
-    model's, labelled with the model (:func:`proxy.serve.metrics.per_model_page`)."""
+    model's, labelled with the model (:func:`proxy.core.exposition.per_model_page`)."""
     config = _main(request)[CONFIG]
     session = request.app.get(ADMIN_SESSION)
     if session is None or session.closed:  # starting, or closed at the end

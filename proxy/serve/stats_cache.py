@@ -1,6 +1,6 @@
 """The ``/stats`` document, serialised once per change and shared by its readers.
 
-``/stats`` reads each window's histograms (:mod:`proxy.core.stats`): no sort, about a
+``/stats`` reads each window's histograms (:mod:`proxy.core.windows`): no sort, about a
 millisecond with full windows, so the document is built in one go, in the state of one
 instant, without giving the event loop back: readers arriving after it share its bytes. It
 is built again only when something new has come in (a record, or a tool schema the

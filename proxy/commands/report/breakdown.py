@@ -14,7 +14,8 @@ from typing import Any
 
 from proxy.commands.report.load import Run
 from proxy.core.record import Outcome, Record
-from proxy.core.stats import APIS, percentile, status_name, summarize_kind
+from proxy.core.stats import APIS, status_name
+from proxy.core.summaries import percentile, summarize_kind
 
 __all__ = ["PER_RUN_FIELDS", "by_api", "completed", "per_run", "upstream_errors"]
 

@@ -29,7 +29,7 @@ from proxy.commands.report.textfmt import rate as _rate
 from proxy.commands.report.textfmt import share as _share
 from proxy.commands.report.textfmt import table_row as _table_row
 from proxy.commands.report.textfmt import wrap as _wrap
-from proxy.core.stats import SUMMARY_FIELDS
+from proxy.core.summaries import SUMMARY_FIELDS
 
 __all__ = ["render_text"]
 

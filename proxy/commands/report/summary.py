@@ -1,6 +1,6 @@
 """The report document: the runs' records summarised per kind, per run, and on the roofline.
 
-Pure. The numbers reuse :mod:`proxy.core.stats` (its kind summary, quantiles and cache
+Pure. The numbers reuse :mod:`proxy.core.summaries` (the kind summary, quantiles and cache
 ratio), so the document's ``kinds`` have the shape of ``/stats``, with two differences that
 the document states: percentiles are taken over *completed* requests only (the others are
 counted by outcome), and every record of the files counts (``/stats`` keeps a sliding
@@ -49,7 +49,7 @@ from proxy.core.boards import Board
 from proxy.core.record import Kind, Record
 from proxy.core.roofline import ModelMeta
 from proxy.core.roofline_summary import Medians, roofline_summary, tools_prefill
-from proxy.core.stats import (
+from proxy.core.summaries import (
     percentile,
     quantiles,
     summarize_cache,

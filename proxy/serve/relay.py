@@ -257,16 +257,8 @@ class Relay:
     ) -> web.StreamResponse:
         settings = self._settings
         flight.status = upstream.status
-        # body bytes that came in with the head (a whole JSON reply, a stream's first
-        # event) go out with the head, in one send, before anything else is set up
-        in_hand = not flight.annotate and _body_in_hand(upstream)
-        resp = _response(request, upstream, flight, in_hand)
-        if in_hand:
-            ended = await self._send_in_hand(request, upstream, resp, flight)
-            if ended is not None:
-                return ended
-        else:
-            self._track(upstream, flight)
+        resp = _response(request, upstream, flight)
+        self._track(upstream, flight)
         sse = upstream.content_type == _SSE
         idle, write_timeout = settings.idle_timeout_s, settings.write_timeout_s
         deadlines = Deadlines(
@@ -276,10 +268,9 @@ class Relay:
             # annotation is decided once per request, and the loop chosen once
             if flight.annotate and not sse and self._holds(flight):
                 return await self._relay_held(request, upstream, resp, flight, deadlines)
-            if not in_hand:
-                refused = await self._prepare(request, resp, flight)
-                if refused is not None:
-                    return refused
+            refused = await self._prepare(request, resp, flight)
+            if refused is not None:
+                return refused
             if flight.annotate and sse:
                 splitter = Splitter(ANCHORS.get(flight.facts.api))
                 if not await self._relay_annotated(
@@ -319,31 +310,6 @@ class Relay:
             defer_bytes=0 if flight.annotate else DEFER_BYTES,
         )
         return tracker
-
-    async def _send_in_hand(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        resp: web.StreamResponse,
-        flight: _Flight,
-    ) -> web.StreamResponse | None:
-        """Send the head with the body bytes in hand (:func:`_body_in_hand`), then set up
-        the tracker and feed it those bytes. ``None`` when the relay goes on; else the
-        response the exchange ends with (a refused head, or the agent gone)."""
-        refused = await self._prepare(request, resp, flight)
-        if refused is not None:
-            return refused
-        sent, arrived = upstream.content.read_nowait(), self._clock()
-        try:
-            await resp.write(sent)  # below aiohttp's drain limit: returns without waiting
-        except ConnectionError:
-            self._track(upstream, flight)
-            flight.outcome = _client_gone(flight)
-            return resp
-        if sent:
-            flight.sent = self._clock()
-        self._track(upstream, flight).feed(sent, arrived)
-        return None
 
     async def _prepare(
         self, request: web.Request, resp: web.StreamResponse, flight: _Flight
@@ -804,45 +770,16 @@ def _exchange(
 
 
 def _response(
-    request: web.Request, upstream: aiohttp.ClientResponse, flight: _Flight, in_hand: bool
+    request: web.Request, upstream: aiohttp.ClientResponse, flight: _Flight
 ) -> web.StreamResponse:
     """The agent's response to ``upstream``'s: its status, end-to-end headers and length,
-    and the proxy's request id; its head sent with the body's first bytes when ``in_hand``."""
-    resp = (_HeadWithBody if in_hand else web.StreamResponse)(
-        status=upstream.status, reason=upstream.reason
-    )
+    and the proxy's request id."""
+    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     headers = response_headers(upstream.headers.items(), into=resp.headers)
     headers[REQUEST_ID_HEADER] = flight.id
     if upstream.content_length is not None and request.method != "HEAD":
         resp.content_length = flight.expected_bytes = upstream.content_length
     return resp
-
-
-class _HeadWithBody(web.StreamResponse):
-    """A response whose head is written with its first body bytes, in one send, as
-    aiohttp's own ``web.Response`` writes its head (``_send_headers_immediately``, aiohttp's
-    switch for it). The relay uses it only when those bytes are already in hand."""
-
-    _send_headers_immediately = False
-
-
-IN_HAND_MAX_BYTES = 32 * 1024
-"""The most bytes of head and body the relay writes in one send before its deadlines are
-set up: half of aiohttp's 64 KiB, above which a write waits for the agent to drain (and
-then needs its write deadline)."""
-
-
-def _body_in_hand(upstream: aiohttp.ClientResponse) -> bool:
-    """The upstream's body has bytes waiting to be read, reading them cannot fail, and
-    with the head they are few enough to be written without waiting. Nothing was read
-    since the head was parsed, so every byte fed to the body's reader is waiting there."""
-    content = upstream.content
-    size = content.total_bytes
-    if not size or content.exception() is not None:
-        return False
-    for name, value in upstream.raw_headers:  # about the head as it will be written
-        size += len(name) + len(value) + 4
-    return size <= IN_HAND_MAX_BYTES
 
 
 def _analysed(flight: _Flight, request: web.Request) -> None:

@@ -3,58 +3,52 @@ failure to reach it said in words (``connection refused (ClientConnectorError)``
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import os
 import socket
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
+from aiohttp.connector import Connection
 from yarl import URL
 
 from proxy.config import Config
-from proxy.core.bodyless import StrayTerminator
 
-__all__ = ["auth_headers", "check_upstream", "failure_cause", "own_headers", "upstream_session"]
+__all__ = [
+    "UpstreamResponse",
+    "auth_headers",
+    "check_upstream",
+    "failure_cause",
+    "own_headers",
+    "upstream_session",
+]
 
 CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
 
 
-_data_received = ResponseHandler.data_received
+BODYLESS = frozenset({204, 304})
+"""Statuses whose response ends at its header section whatever its headers say (RFC 9112
+section 6.3)."""
 
 
-class _Handler(ResponseHandler):
-    """aiohttp's protocol of one upstream connection, with :class:`StrayTerminator` in front
-    of its response parser: a 204 that says ``chunked`` and sends ``0\r\n\r\n`` (llama-server's
-    ``/cors-proxy``) reaches the agent as the 204 it is, instead of a parse error."""
+class UpstreamResponse(aiohttp.ClientResponse):
+    """A response of the upstream sessions (their ``response_class``): a 204 or 304 that
+    declares ``Transfer-Encoding: chunked`` closes its connection at once.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self._stray = StrayTerminator()
+    llama-server answers ``POST /cors-proxy`` with such a 204 and then sends the chunked
+    terminator ``0\\r\\n\\r\\n`` (llama.cpp issue 26598). Those five bytes belong to no
+    response; on a pooled connection aiohttp's parser would read them as the status line of
+    the next answer and fail that request. aiohttp hands a bodyless response's connection
+    back to the pool while it starts the response, so it is closed here, right after, before
+    any other request can take it: the next request opens a connection of its own."""
 
-    def set_response_params(self, **kwargs: Any) -> None:
-        self._stray.reset()  # a request was sent: a new response head follows
-        super().set_response_params(**kwargs)
-
-    def data_received(self, data: bytes) -> None:
-        # once per upstream read: body bytes (in_body) skip the filter; before
-        # set_response_params the bytes wait in aiohttp's tail and come back here
-        stray = self._stray
-        if not stray.in_body and self._parser is not None:
-            data = stray.feed(data)
-        _data_received(self, data)
-
-
-class _Connector(aiohttp.TCPConnector):
-    """A TCP connector whose connections use :class:`_Handler`. aiohttp builds a connection's
-    protocol with the connector's ``_factory``; there is no public hook for it."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        handler = functools.partial(_Handler, loop=self._loop)
-        self._factory = cast("functools.partial[ResponseHandler]", handler)
+    async def start(self, connection: Connection) -> aiohttp.ClientResponse:
+        transport = connection.transport  # read first: it is gone from a released connection
+        await super().start(connection)
+        framing = self.headers.get("Transfer-Encoding", "")
+        if self.status in BODYLESS and "chunked" in framing.lower() and transport is not None:
+            transport.close()
+        return self
 
 
 _NO_AUTO_HEADERS = ("User-Agent", "Accept", "Content-Type")
@@ -68,9 +62,9 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
     request carries the agent's headers only (set here once, not worked out per request)."""
     up = config.upstream
     connector = (
-        _Connector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
+        aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
         if pooled
-        else _Connector(limit=up.max_connections, force_close=True)
+        else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
     )
     return aiohttp.ClientSession(
         connector=connector,
@@ -80,6 +74,7 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=_NO_AUTO_HEADERS,
+        response_class=UpstreamResponse,
     )
 
 

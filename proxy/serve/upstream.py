@@ -1,20 +1,27 @@
-"""The upstream as the proxy reaches it: its client session, the check at start, and a
-failure to reach it said in words (``connection refused (ClientConnectorError)``)."""
+"""The upstream as the proxy reaches it: its client session, a relayed request sent to it
+and its head waited for, the check at start, and a failure to reach it said in words
+(``connection refused (ClientConnectorError)``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from aiohttp.connector import Connection
 from yarl import URL
 
 from proxy.config import Config
+from proxy.core.headers import request_headers
+from proxy.core.record import Outcome
+from proxy.serve.intake import Refusal
 
 __all__ = [
     "UpstreamResponse",
+    "ask",
     "auth_headers",
     "check_upstream",
     "failure_cause",
@@ -24,7 +31,6 @@ __all__ = [
 
 CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
-
 
 BODYLESS = frozenset({204, 304})
 """Statuses whose response ends at its header section whatever its headers say (RFC 9112
@@ -76,6 +82,37 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
         skip_auto_headers=_NO_AUTO_HEADERS,
         response_class=UpstreamResponse,
     )
+
+
+async def ask(
+    session: aiohttp.ClientSession,
+    base: str,
+    request: web.BaseRequest,
+    drop: frozenset[str],
+    body: bytes,
+    header_timeout_s: float,
+) -> aiohttp.ClientResponse:
+    """Send the agent's request to the upstream at ``base`` (its path and query still
+    encoded, its end-to-end headers but ``drop``, ``body`` as it arrived) and wait for the
+    response's head, at most ``header_timeout_s`` (0: no limit). A :class:`Refusal` when
+    none comes: 504 ``upstream_timeout``, or 502 ``upstream_unreachable`` in words."""
+    url = URL(base + request.raw_path, encoded=True)
+    try:
+        async with asyncio.timeout(header_timeout_s if header_timeout_s > 0 else None):
+            return await session.request(
+                request.method,
+                url,
+                headers=request_headers(request.headers.items(), drop),
+                data=body if body else None,
+                allow_redirects=False,
+            )
+    except TimeoutError:
+        message = f"upstream sent no response headers within {header_timeout_s} s"
+        raise Refusal(Outcome.UPSTREAM_TIMEOUT, 504, message) from None
+    except aiohttp.ClientError as exc:
+        target = url.with_user(None).with_query(None).with_fragment(None)
+        message = f"upstream unreachable: {target}: {failure_cause(exc)}"
+        raise Refusal(Outcome.UPSTREAM_UNREACHABLE, 502, message) from None
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

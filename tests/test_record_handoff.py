@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.core.headers import REQUEST_ID_HEADER
-from proxy.serve import relay as relay_module
+from proxy.serve import handoff as relay_module
 from proxy.serve.app import RELAY
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, SeenRequest, json_response, slow_steady

@@ -22,13 +22,15 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import HttpVersion11, web
 
 from proxy.core.content_coding import decode_body
+from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.core.record import Outcome
 from proxy.core.request import RequestFacts, analyse_request, not_streamed
 
-__all__ = ["CONTINUE", "Intake", "Refusal", "analysis_of", "answer_and_close"]
+__all__ = ["CONTINUE", "Intake", "Refusal", "analysis_of", "answer_and_close", "error_response"]
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -40,6 +42,16 @@ class Refusal(Exception):
         super().__init__(message)
         self.outcome = outcome
         self.status = status
+
+
+def error_response(
+    status: int, message: str, code: str, request_id: str | None = None
+) -> web.Response:
+    """An OpenAI-shaped error: ``{"error": {"message", "type", "code"}}``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
 def head_bytes(request: web.BaseRequest) -> int:

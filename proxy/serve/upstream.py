@@ -1,60 +1,60 @@
-"""The upstream as the proxy reaches it: its client session, the check at start, and a
-failure to reach it said in words (``connection refused (ClientConnectorError)``)."""
+"""The upstream as the proxy reaches it: its client session, a relayed request sent to it
+and its head waited for, the check at start, and a failure to reach it said in words
+(``connection refused (ClientConnectorError)``)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import socket
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
+from aiohttp import web
+from aiohttp.connector import Connection
 from yarl import URL
 
 from proxy.config import Config
-from proxy.core.bodyless import StrayTerminator
+from proxy.core.headers import request_headers
+from proxy.core.record import Outcome
+from proxy.serve.intake import Refusal
 
-__all__ = ["auth_headers", "check_upstream", "failure_cause", "own_headers", "upstream_session"]
+__all__ = [
+    "UpstreamResponse",
+    "ask",
+    "auth_headers",
+    "check_upstream",
+    "failure_cause",
+    "own_headers",
+    "upstream_session",
+]
 
 CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
 
-
-_data_received = ResponseHandler.data_received
-
-
-class _Handler(ResponseHandler):
-    """aiohttp's protocol of one upstream connection, with :class:`StrayTerminator` in front
-    of its response parser: a 204 that says ``chunked`` and sends ``0\r\n\r\n`` (llama-server's
-    ``/cors-proxy``) reaches the agent as the 204 it is, instead of a parse error."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self._stray = StrayTerminator()
-
-    def set_response_params(self, **kwargs: Any) -> None:
-        self._stray.reset()  # a request was sent: a new response head follows
-        super().set_response_params(**kwargs)
-
-    def data_received(self, data: bytes) -> None:
-        # once per upstream read: body bytes (in_body) skip the filter; before
-        # set_response_params the bytes wait in aiohttp's tail and come back here
-        stray = self._stray
-        if not stray.in_body and self._parser is not None:
-            data = stray.feed(data)
-        _data_received(self, data)
+BODYLESS = frozenset({204, 304})
+"""Statuses whose response ends at its header section whatever its headers say (RFC 9112
+section 6.3)."""
 
 
-class _Connector(aiohttp.TCPConnector):
-    """A TCP connector whose connections use :class:`_Handler`. aiohttp builds a connection's
-    protocol with the connector's ``_factory``; there is no public hook for it."""
+class UpstreamResponse(aiohttp.ClientResponse):
+    """A response of the upstream sessions (their ``response_class``): a 204 or 304 that
+    declares ``Transfer-Encoding: chunked`` closes its connection at once.
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        handler = functools.partial(_Handler, loop=self._loop)
-        self._factory = cast("functools.partial[ResponseHandler]", handler)
+    llama-server answers ``POST /cors-proxy`` with such a 204 and then sends the chunked
+    terminator ``0\\r\\n\\r\\n`` (llama.cpp issue 26598). Those five bytes belong to no
+    response; on a pooled connection aiohttp's parser would read them as the status line of
+    the next answer and fail that request. aiohttp hands a bodyless response's connection
+    back to the pool while it starts the response, so it is closed here, right after, before
+    any other request can take it: the next request opens a connection of its own."""
+
+    async def start(self, connection: Connection) -> aiohttp.ClientResponse:
+        transport = connection.transport  # read first: it is gone from a released connection
+        await super().start(connection)
+        framing = self.headers.get("Transfer-Encoding", "")
+        if self.status in BODYLESS and "chunked" in framing.lower() and transport is not None:
+            transport.close()
+        return self
 
 
 _NO_AUTO_HEADERS = ("User-Agent", "Accept", "Content-Type")
@@ -68,9 +68,9 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
     request carries the agent's headers only (set here once, not worked out per request)."""
     up = config.upstream
     connector = (
-        _Connector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
+        aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s)
         if pooled
-        else _Connector(limit=up.max_connections, force_close=True)
+        else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
     )
     return aiohttp.ClientSession(
         connector=connector,
@@ -80,7 +80,39 @@ def upstream_session(config: Config, *, pooled: bool = True) -> aiohttp.ClientSe
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=_NO_AUTO_HEADERS,
+        response_class=UpstreamResponse,
     )
+
+
+async def ask(
+    session: aiohttp.ClientSession,
+    base: str,
+    request: web.BaseRequest,
+    drop: frozenset[str],
+    body: bytes,
+    header_timeout_s: float,
+) -> aiohttp.ClientResponse:
+    """Send the agent's request to the upstream at ``base`` (its path and query still
+    encoded, its end-to-end headers but ``drop``, ``body`` as it arrived) and wait for the
+    response's head, at most ``header_timeout_s`` (0: no limit). A :class:`Refusal` when
+    none comes: 504 ``upstream_timeout``, or 502 ``upstream_unreachable`` in words."""
+    url = URL(base + request.raw_path, encoded=True)
+    try:
+        async with asyncio.timeout(header_timeout_s if header_timeout_s > 0 else None):
+            return await session.request(
+                request.method,
+                url,
+                headers=request_headers(request.headers.items(), drop),
+                data=body if body else None,
+                allow_redirects=False,
+            )
+    except TimeoutError:
+        message = f"upstream sent no response headers within {header_timeout_s} s"
+        raise Refusal(Outcome.UPSTREAM_TIMEOUT, 504, message) from None
+    except aiohttp.ClientError as exc:
+        target = url.with_user(None).with_query(None).with_fragment(None)
+        message = f"upstream unreachable: {target}: {failure_cause(exc)}"
+        raise Refusal(Outcome.UPSTREAM_UNREACHABLE, 502, message) from None
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

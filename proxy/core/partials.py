@@ -7,23 +7,21 @@ beside the relay or after it arrives as a *partial*: a frozen dataclass holding 
 record fields one producer owns, under the record's own names. :func:`assemble` is the only
 place a partial becomes part of a record.
 
-========================  =======================================================
-partial                   producer
-========================  =======================================================
-:class:`SchemaFields`     ``proxy.serve.schema_costs.SchemaCosts.price``
-:class:`ImageFields`      ``proxy.serve.image_lookups.ImageLookups.fields``
-:class:`OutputTokens`     ``proxy.serve.output_tokens.OutputCounter.count``
-:class:`AttributionFields` ``proxy.serve.attribution.Attributor.attribute``
-:class:`AccountingNote`   ``proxy.serve.accounting.Accounting.complete``
-:class:`BoardFields`      ``proxy.serve.telemetry.Telemetry.sample``
-:class:`RooflineFields`   ``proxy.serve.model_info.ModelInfo.roofline``
-========================  =======================================================
+Each partial and its producer:
+
+- :class:`SchemaFields`: ``proxy.serve.schema_costs.SchemaCosts.price``
+- :class:`ImageFields`: ``proxy.serve.image_lookups.ImageLookups.fields``
+- :class:`OutputTokens`: ``proxy.serve.output_tokens.OutputCounter.count``
+- :class:`AttributionFields`: ``proxy.serve.attribution.Attributor.attribute``
+- :class:`AccountingNote`: ``proxy.serve.accounting.accounting_note``
+- :class:`BoardFields`: ``proxy.serve.telemetry.Telemetry.sample``
+- :class:`RooflineFields`: ``proxy.serve.model_info.ModelInfo.roofline``
 
 No field belongs to two owners (``tests/test_partials.py`` checks it against the
 record). Besides the producers, the relay writes three fields by name, each only when the
-producer could not run: ``analysis_error`` (the in-band annotation failed),
-``accounting_error`` (the accounting failed to begin, or raised) and ``telemetry_error``
-(the board's sampling task raised or was cancelled).
+producer could not run: ``analysis_error`` (the in-band annotation failed, and the base
+named no other analysis error), ``accounting_error`` (the accounting failed to begin, or
+raised) and ``telemetry_error`` (the board's sampling task raised or was cancelled).
 """
 
 from __future__ import annotations

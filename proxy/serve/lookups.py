@@ -145,7 +145,9 @@ async def _answer(path: str, resp: aiohttp.ClientResponse) -> Any:
 class Lookups:
     """The session the look-ups share, the look-ups themselves, and the router question."""
 
-    def __init__(self, upstream: str, *, timeout_s: float = 10.0, api_key: str | None = None):
+    def __init__(
+        self, upstream: str, *, timeout_s: float = 10.0, api_key: str | None = None
+    ) -> None:
         self._base = upstream.rstrip("/")
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         self.timeout_s = timeout_s

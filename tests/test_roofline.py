@@ -12,6 +12,7 @@ from proxy.commands.report.roofline_text import roofline_lines as render_lines
 from proxy.commands.report.roofline_text import tools_prefill_lines
 from proxy.config import BOARD_PRESETS, BoardConfig
 from proxy.core.boards import BOARD_SPECS, FP16_TENSOR, FP32_CUDA, GIVEN, Peak
+from proxy.core.partials import RooflineFields
 from proxy.core.record import Kind, Record
 from proxy.core.roofline import (
     Board,
@@ -264,18 +265,17 @@ class TestRecordRoofline:
     def test_seed(self) -> None:
         """A record decoding at 10.7 tok/s moved 26.2 GB/s and ran at 2.6x the 68 GB/s floor."""
         out = record_roofline(rec(decode_tok_s=10.7), SEED_META, SEED_BOARD)
-        assert set(out) == {"decode_gbs", "roof_ratio"}
-        assert out["decode_gbs"] == pytest.approx(26.2, abs=0.05)
-        assert out["roof_ratio"] == pytest.approx(2.6, abs=0.05)
+        assert out.decode_gbs == pytest.approx(26.2, abs=0.05)
+        assert out.roof_ratio == pytest.approx(2.6, abs=0.05)
 
     def test_no_board(self) -> None:
         """Without a board the GB/s is known but the ratio is not."""
         out = record_roofline(rec(decode_tok_s=10.7), SEED_META, None)
-        assert out["decode_gbs"] is not None and out["roof_ratio"] is None
+        assert out.decode_gbs is not None and out.roof_ratio is None
 
     def test_no_meta_or_rate(self) -> None:
         """Without the model size or the decode rate both fields are None."""
-        none = {"decode_gbs": None, "roof_ratio": None}
+        none = RooflineFields(decode_gbs=None, roof_ratio=None)
         assert record_roofline(rec(decode_tok_s=10.7), None, SEED_BOARD) == none
         assert record_roofline(rec(decode_tok_s=None), SEED_META, SEED_BOARD) == none
 

@@ -160,7 +160,7 @@ class TestEnrich:
         record = info.enrich(decoded(10.0))
         expected = record_roofline(decoded(10.0), info.meta, ORIN)
         assert record.decode_gbs == 24.5
-        assert record.roof_ratio is not None and record.roof_ratio == expected["roof_ratio"]
+        assert record.roof_ratio is not None and record.roof_ratio == expected.roof_ratio
         assert record.roof_ratio > 1.0  # slower than the bandwidth floor, as every board is
         assert record.id == "r-1" and record.decode_tok_s == 10.0
 

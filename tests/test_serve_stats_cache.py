@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.core.partials import BoardFields
 from proxy.core.record import Kind, Record
 from proxy.core.stats import Stats
 from proxy.serve.accounting import Accounting
@@ -49,8 +50,8 @@ class FakeBoard(Telemetry):
     async def close(self) -> None:
         """Nothing to stop."""
 
-    async def fields(self, t0: float, t1: float, tokens: int | None) -> dict[str, Any]:
-        return {}
+    async def sample(self, t0: float, t1: float, tokens: int | None) -> BoardFields:
+        return BoardFields()
 
     def gauges(self) -> dict[str, float]:
         return {}

@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from proxy.core.partials import fields_of
 from proxy.core.tegrastats import (
     Rail,
     TegraSample,
@@ -218,9 +219,9 @@ class TestInterval:
         times = [i * 0.1 for i in range(11)]
         t0, t1, p = 0.234, 0.811, 5000.0
         out = board_fields(constant(p, times), t0, t1, tokens=7)
-        assert out["energy_mj"] == pytest.approx(p * (t1 - t0), abs=1e-3)
-        assert out["power_w_avg"] == pytest.approx(p / 1000.0)
-        assert out["energy_mj_per_token"] == pytest.approx(p * (t1 - t0) / 7, abs=1e-3)
+        assert out.energy_mj == pytest.approx(p * (t1 - t0), abs=1e-3)
+        assert out.power_w_avg == pytest.approx(p / 1000.0)
+        assert out.energy_mj_per_token == pytest.approx(p * (t1 - t0) / 7, abs=1e-3)
 
     def test_ramp_is_the_trapezoid(self) -> None:
         """A linear ramp a + b·t is integrated exactly: a(t1-t0) + b(t1²-t0²)/2."""
@@ -229,7 +230,7 @@ class TestInterval:
         samples = [(t, TegraSample(input_mw=a + b * t)) for t in times]
         t0, t1 = 0.07, 0.93
         expected = a * (t1 - t0) + b * (t1**2 - t0**2) / 2
-        assert board_fields(samples, t0, t1, None)["energy_mj"] == pytest.approx(expected, abs=1e-3)
+        assert board_fields(samples, t0, t1, None).energy_mj == pytest.approx(expected, abs=1e-3)
 
     def test_trapezoid_with_interpolated_ends(self) -> None:
         """Between uneven samples the area is the sum of trapezoids, the ends interpolated."""
@@ -257,7 +258,7 @@ class TestInterval:
         samples = constant(5000.0, [1.0, 2.0])
         for t0, t1 in ((0.5, 1.5), (1.5, 2.5)):
             out = board_fields(samples, t0, t1, 10)
-            assert set(out.values()) == {None}
+            assert set(fields_of(out).values()) == {None}
 
     def test_load_fields(self) -> None:
         """GPU % is the time-weighted mean; RAM and temperature the largest bracketing sample."""
@@ -268,19 +269,19 @@ class TestInterval:
         ]
         out = board_fields(samples, 0.5, 2.0, None)
         expected_gpu = (0.5 * (50.0 + 100.0) / 2 + 1.0 * 100.0) / 1.5
-        assert out["gpu_busy_pct"] == pytest.approx(expected_gpu, abs=1e-3)
-        assert out["ram_used_mb"] == max(r for _, _, r, _ in rows)
-        assert out["temp_max_c"] == max(c for *_, c in rows)
-        assert out["energy_mj"] is None  # no rails in these samples
+        assert out.gpu_busy_pct == pytest.approx(expected_gpu, abs=1e-3)
+        assert out.ram_used_mb == max(r for _, _, r, _ in rows)
+        assert out.temp_max_c == max(c for *_, c in rows)
+        assert out.energy_mj is None  # no rails in these samples
 
     def test_zero_length_interval(self) -> None:
         """An empty interval has no energy and the interpolated power as its mean."""
         points = [(0.0, 2000.0), (1.0, 4000.0)]
         samples = [(t, TegraSample(input_mw=p)) for t, p in points]
         out = board_fields(samples, 0.25, 0.25, 0)
-        assert out["energy_mj"] == 0
-        assert out["power_w_avg"] == pytest.approx(2.5)
-        assert out["energy_mj_per_token"] is None  # no tokens: no per-token energy
+        assert out.energy_mj == 0
+        assert out.power_w_avg == pytest.approx(2.5)
+        assert out.energy_mj_per_token is None  # no tokens: no per-token energy
 
     def test_value_at(self) -> None:
         """Values interpolate between points, equal a point on it, and are None outside."""

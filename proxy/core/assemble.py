@@ -1,4 +1,11 @@
-"""Assembly of a :class:`~proxy.core.record.Record` from what was seen of a request. Pure."""
+"""The base record: a :class:`~proxy.core.record.Record` assembled from what the relay saw
+of an exchange. Pure.
+
+The base owns every field no partial owns (:mod:`proxy.core.partials`): the exchange's
+identity and outcome, the wall clock, the server's clock (:func:`~proxy.core.record.server_clock`),
+the tool calls and the stream's facts. What accounting, attribution, telemetry and the model's
+metadata add later joins it through :func:`proxy.core.partials.assemble`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.core.record import Kind, Outcome, Record, derive, ms, ratio
+from proxy.core.record import Kind, Outcome, Record, ms, ratio, server_clock
 from proxy.core.request import RequestFacts
 from proxy.core.setup import request_limit
 from proxy.core.timings import plausible
@@ -88,7 +95,8 @@ def _truncated(
 
 
 def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> Record:
-    """The record of one exchange. ``obs`` is ``None`` when no response body was seen."""
+    """The base record of one exchange (every partial's fields ``None``). ``obs`` is
+    ``None`` when no response body was seen."""
     o = obs or Observation()
     ttft_ms = ms(o.first_token_s)
     decode_wall = (
@@ -97,9 +105,9 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         else None
     )
     timings = plausible(o.timings)
-    derived = derive(timings, ttft_ms)
-    finish = finish_reason(facts, o.finish_reason, derived["predicted_n"])
-    tool_tokens = derived["predicted_n"] if o.tool_calls and finish == "tool_calls" else None
+    clock = server_clock(timings, ttft_ms)
+    finish = finish_reason(facts, o.finish_reason, clock.predicted_n)
+    tool_tokens = clock.predicted_n if o.tool_calls and finish == "tool_calls" else None
     call_span = (
         o.tool_call_s - o.first_event_s
         if o.tool_call_s is not None and o.first_event_s is not None and facts.stream
@@ -130,7 +138,20 @@ def build_record(ex: Exchange, facts: RequestFacts, obs: Observation | None) -> 
         ttft_ms=ttft_ms,
         e2e_ms=ms(ex.end_s),
         decode_wall_ms=ms(decode_wall),
-        **derived,
+        prefill_ms=clock.prefill_ms,
+        decode_ms=clock.decode_ms,
+        prompt_n=clock.prompt_n,
+        cache_n=clock.cache_n,
+        predicted_n=clock.predicted_n,
+        prefill_tok_s=clock.prefill_tok_s,
+        decode_tok_s=clock.decode_tok_s,
+        prompt_tokens=clock.prompt_tokens,
+        cache_hit_ratio=clock.cache_hit_ratio,
+        overhead_ms=clock.overhead_ms,
+        prefill_share=clock.prefill_share,
+        draft_n=clock.draft_n,
+        draft_n_accepted=clock.draft_n_accepted,
+        draft_acceptance=clock.draft_acceptance,
         tool_calls=len(o.tool_calls) if recognised else None,
         tool_call_valid=valid,
         tool_call_ms=ms(o.tool_call_s) if o.tool_calls else None,

@@ -1,4 +1,4 @@
-"""Image-token accounting arithmetic. Pure: the look-ups live in :mod:`proxy.serve.accounting`.
+"""Image-token accounting arithmetic. Pure: the look-ups live in :mod:`proxy.serve.image_lookups`.
 
 An image in a request (a Chat Completions ``image_url`` part, a Responses ``input_image``, a
 Messages ``image`` block: each dialect's ``image_parts`` finds them) reaches the model as a

@@ -20,10 +20,12 @@ __all__ = [
     "Kind",
     "Outcome",
     "Record",
+    "ServerClock",
     "ServerTimings",
     "derive",
     "ms",
     "ratio",
+    "server_clock",
     "valid_count",
 ]
 
@@ -214,8 +216,32 @@ _values: Any = operator.attrgetter(*_NAMES)
 """All the field values of a record at once, as a tuple in :data:`_NAMES` order."""
 
 
-def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, Any]:
-    """The server-clock fields and everything derived from them, as record keyword args.
+@dataclass(frozen=True, slots=True)
+class ServerClock:
+    """The server-clock fields of a record and everything derived from them: part of the
+    base record (:func:`proxy.core.assemble.build_record` places each by name)."""
+
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    prompt_n: int | None = None
+    cache_n: int | None = None
+    predicted_n: int | None = None
+    prefill_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    prompt_tokens: int | None = None
+    cache_hit_ratio: float | None = None
+    overhead_ms: float | None = None
+    prefill_share: float | None = None
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    draft_acceptance: float | None = None
+
+
+_CLOCK_NAMES = tuple(f.name for f in dataclasses.fields(ServerClock))
+
+
+def server_clock(timings: ServerTimings | None, ttft_ms: float | None) -> ServerClock:
+    """The server-clock fields and everything derived from them.
 
     ``prefill_tok_s`` and ``decode_tok_s`` use llama-server's own formulas: the first token
     closes the prompt timer, so decode divides by ``predicted_n - 1`` steps.
@@ -230,21 +256,28 @@ def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, An
         if t.prompt_ms is not None and t.predicted_ms is not None
         else None
     )
-    return {
-        "prefill_ms": t.prompt_ms,
-        "decode_ms": t.predicted_ms,
-        "prompt_n": t.prompt_n,
-        "cache_n": t.cache_n,
-        "predicted_n": t.predicted_n,
-        "prefill_tok_s": ratio(t.prompt_n, t.prompt_ms, 1000.0),
-        "decode_tok_s": ratio(decode_steps, t.predicted_ms, 1000.0)
+    return ServerClock(
+        prefill_ms=t.prompt_ms,
+        decode_ms=t.predicted_ms,
+        prompt_n=t.prompt_n,
+        cache_n=t.cache_n,
+        predicted_n=t.predicted_n,
+        prefill_tok_s=ratio(t.prompt_n, t.prompt_ms, 1000.0),
+        decode_tok_s=ratio(decode_steps, t.predicted_ms, 1000.0)
         if decode_steps is not None and decode_steps > 0
         else None,
-        "prompt_tokens": prompt_tokens,
-        "cache_hit_ratio": ratio(t.cache_n, prompt_tokens),
-        "overhead_ms": _sub(ttft_ms, t.prompt_ms),
-        "prefill_share": ratio(t.prompt_ms, total),
-        "draft_n": t.draft_n,
-        "draft_n_accepted": t.draft_n_accepted,
-        "draft_acceptance": ratio(t.draft_n_accepted, t.draft_n),
-    }
+        prompt_tokens=prompt_tokens,
+        cache_hit_ratio=ratio(t.cache_n, prompt_tokens),
+        overhead_ms=_sub(ttft_ms, t.prompt_ms),
+        prefill_share=ratio(t.prompt_ms, total),
+        draft_n=t.draft_n,
+        draft_n_accepted=t.draft_n_accepted,
+        draft_acceptance=ratio(t.draft_n_accepted, t.draft_n),
+    )
+
+
+def derive(timings: ServerTimings | None, ttft_ms: float | None) -> dict[str, Any]:
+    """:func:`server_clock` as record keyword arguments (a record built field by field
+    elsewhere: ``bench --direct``'s client-side records)."""
+    clock = server_clock(timings, ttft_ms)
+    return {name: getattr(clock, name) for name in _CLOCK_NAMES}

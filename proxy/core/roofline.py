@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.boards import Board, BoardSettings
+from proxy.core.partials import RooflineFields
 from proxy.core.record import Record
 
 __all__ = [
@@ -179,22 +180,20 @@ def traffic_per_json_char(
     return traffic_per_tool_call(weight_bytes, tool_call_tokens) / json_chars
 
 
-def record_roofline(
-    record: Record, meta: ModelMeta | None, board: Board | None
-) -> dict[str, float | None]:
+def record_roofline(record: Record, meta: ModelMeta | None, board: Board | None) -> RooflineFields:
     """The record fields ``decode_gbs`` (GB/s of weights read while decoding, est.) and
     ``roof_ratio`` (decode ms per token over the bandwidth floor, est.); ``None`` when
     unknown."""
     rate = record.decode_tok_s
     if meta is None or rate is None or rate <= 0:
-        return {"decode_gbs": None, "roof_ratio": None}
+        return RooflineFields()
     gbs = decode_gbs(meta.size_bytes, rate)
     floor = floor_ms_per_token(meta.size_bytes, board.bandwidth_gbs if board else None)
     ratio = roof_ratio(1000.0 / rate, floor)
-    return {
-        "decode_gbs": None if gbs is None else round(gbs, 3),
-        "roof_ratio": None if ratio is None else round(ratio, 4),
-    }
+    return RooflineFields(
+        decode_gbs=None if gbs is None else round(gbs, 3),
+        roof_ratio=None if ratio is None else round(ratio, 4),
+    )
 
 
 def flop_per_token(n_params: int) -> float:

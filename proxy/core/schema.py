@@ -1,4 +1,4 @@
-"""Tool-schema accounting arithmetic. Pure: the look-ups live in :mod:`proxy.serve.accounting`.
+"""Tool-schema accounting arithmetic. Pure: the look-ups live in :mod:`proxy.serve.schema_costs`.
 
 Two hashes:
 

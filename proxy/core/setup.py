@@ -35,6 +35,7 @@ __all__ = [
     "TemplateCaps",
     "decode_gap",
     "request_limit",
+    "tools_counted",
     "tools_in_prompt",
 ]
 
@@ -122,11 +123,14 @@ def request_limit(body: Mapping[str, Any] | None) -> int | None:
 def tools_in_prompt(record: Record) -> bool | None:
     """Whether a tool request's tools were in the prompt: its exact (server-counted)
     ``schema_tokens`` above 0; ``None`` when not a tool request or not counted exactly."""
-    if record.kind is not Kind.TOOL or record.schema_tokens_source != "server":
+    return tools_counted(record.kind, record.schema_tokens_source, record.schema_tokens)
+
+
+def tools_counted(kind: Kind, source: str | None, schema_tokens: int | None) -> bool | None:
+    """:func:`tools_in_prompt` from a request's kind and its schema's count and source."""
+    if kind is not Kind.TOOL or source != "server" or schema_tokens is None:
         return None
-    if record.schema_tokens is None:
-        return None
-    return record.schema_tokens > 0
+    return schema_tokens > 0
 
 
 def decode_gap(tool: Sequence[float], chat: Sequence[float]) -> dict[str, float] | None:

@@ -36,7 +36,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+
+from proxy.core.partials import BoardFields
 
 __all__ = [
     "TOTAL_RAILS",
@@ -273,7 +274,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 def board_fields(
     samples: Sequence[tuple[float, TegraSample]], t0: float, t1: float, tokens: int | None
-) -> dict[str, Any]:
+) -> BoardFields:
     """The record's board fields for a request over ``[t0, t1]`` (seconds, the samples' clock).
 
     ``energy_mj`` (input power integrated, mW x s), ``energy_mj_per_token`` (over ``tokens``,
@@ -285,11 +286,11 @@ def board_fields(
     power = _series(samples, lambda s: s.input_mw)
     energy = integral(power, t0, t1)
     mean_mw = _mean(power, t0, t1)
-    return {
-        "energy_mj": _round(energy),
-        "energy_mj_per_token": _round(energy / tokens) if energy is not None and tokens else None,
-        "power_w_avg": _round(None if mean_mw is None else mean_mw / 1000.0, 6),
-        "gpu_busy_pct": _round(_mean(_series(samples, lambda s: s.gpu_busy_pct), t0, t1)),
-        "ram_used_mb": _round(_peak(_series(samples, lambda s: s.ram_used_mb), t0, t1)),
-        "temp_max_c": _round(_peak(_series(samples, lambda s: s.temp_max_c), t0, t1)),
-    }
+    return BoardFields(
+        energy_mj=_round(energy),
+        energy_mj_per_token=_round(energy / tokens) if energy is not None and tokens else None,
+        power_w_avg=_round(None if mean_mw is None else mean_mw / 1000.0, 6),
+        gpu_busy_pct=_round(_mean(_series(samples, lambda s: s.gpu_busy_pct), t0, t1)),
+        ram_used_mb=_round(_peak(_series(samples, lambda s: s.ram_used_mb), t0, t1)),
+        temp_max_c=_round(_peak(_series(samples, lambda s: s.temp_max_c), t0, t1)),
+    )

@@ -18,11 +18,13 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.dialects import CHAT_COMPLETIONS
 from proxy.core.findings import Cause, Findings, Loss, dropped_section, loss_of
 from proxy.core.lineage import Attribution, PromptHistory
+from proxy.core.partials import AttributionFields
 from proxy.core.prefix import RenderedPrompt
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
@@ -83,6 +85,19 @@ def _around(prompt: RenderedPrompt, token: int) -> dict[str, str]:
         "before": text[max(0, at - DIFF_CONTEXT) : at],
         "after": text[at : at + DIFF_CONTEXT],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class _Priced:
+    """What a record's loss cost, as its fields say it."""
+
+    section: str | None
+    """The section named: where the prompt diverged, or what the template dropped."""
+    lost_ms: float | None = None
+    cache_cause: str | None = None
+    cache_ms: float | None = None
+    total_ms: float | None = None
+    """The ms lost in all, for the conversation's total (None: nothing lost)."""
 
 
 def _priced(tokens: int | None, ms_per_token: float | None) -> float | None:
@@ -242,7 +257,7 @@ class Attributor:
         prompt: RenderedPrompt,
         ms_per_token: float | None,
         conversation: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> AttributionFields:
         """The record's prefix fields for its rendered ``prompt``; counts the finding.
         ``conversation`` is the id the agent sent in a header, if any (before the body's)."""
         offset = self._offsets.get(self._model_key(facts), 0)
@@ -252,7 +267,7 @@ class Attributor:
         if record.prompt_tokens is not None and len(prompt) + offset != record.prompt_tokens:
             # the rendering is not the prompt llama-server evaluated (another API's form
             # the proxy does not mirror): no position can be trusted
-            return {"attribution_error": "rendered_prompt_differs"}
+            return AttributionFields(attribution_error="rendered_prompt_differs")
         a = self.history.attribute(
             prompt,
             offset=offset,
@@ -269,25 +284,29 @@ class Attributor:
             n_ctx=self._context_size(facts.model),
             prompt_n=record.prompt_n,
         )
-        fields: dict[str, Any] = {
-            "prefix_kind": str(a.prefix_kind),
-            "reusable_tokens": a.reusable_tokens,
-            "cache_lost_tokens": a.cache_lost_tokens,
-            "diverged_at": a.diverged_at,
-            "diverged_section": a.diverged_section,
-            "diverged_offset": a.diverged_offset,
-            "diverged_cost_ms": a.diverged_cost_ms,
-            "prefill_cause": str(loss.cause) if loss.cause is not None else None,
-            "conversation": a.conversation,
-            "turn": a.turn,
-        }
-        if a.predecessor_unknown:
-            fields["attribution_error"] = "predecessor_unknown"
+        priced = self._count_loss(record, a, loss, prompt, ms_per_token)
+        self._count_conversation(a.conversation, a.turn, record, priced.total_ms)
+        text = None
         if self._keep_text and prompt.text is not None and a.diverged_at is not None:
-            fields["diverged_text"] = _around(prompt, a.diverged_at - offset)
-        lost_ms = self._count_loss(record, a, loss, prompt, fields, ms_per_token)
-        self._count_conversation(a.conversation, a.turn, record, lost_ms)
-        return fields
+            text = _around(prompt, a.diverged_at - offset)
+        return AttributionFields(
+            prefix_kind=str(a.prefix_kind),
+            reusable_tokens=a.reusable_tokens,
+            cache_lost_tokens=a.cache_lost_tokens,
+            diverged_at=a.diverged_at,
+            diverged_section=priced.section,
+            diverged_offset=a.diverged_offset,
+            diverged_cost_ms=a.diverged_cost_ms,
+            prefill_cause=str(loss.cause) if loss.cause is not None else None,
+            prefill_lost_ms=priced.lost_ms,
+            prefill_lost_tokens=loss.tokens if loss.cause is not None else None,
+            cache_lost_cause=priced.cache_cause,
+            cache_lost_ms=priced.cache_ms,
+            conversation=a.conversation,
+            turn=a.turn,
+            diverged_text=text,
+            attribution_error="predecessor_unknown" if a.predecessor_unknown else None,
+        )
 
     def _count_loss(
         self,
@@ -295,27 +314,25 @@ class Attributor:
         a: Attribution,
         loss: Loss,
         prompt: RenderedPrompt,
-        fields: dict[str, Any],
         ms_per_token: float | None,
-    ) -> float | None:
-        """Put the loss's fields in ``fields`` and count its findings; the ms lost in all."""
-        if loss.cause is None:
-            return None
+    ) -> _Priced:
+        """Price the loss and count its findings."""
         section = a.diverged_section
+        if loss.cause is None:
+            return _Priced(section)
         if loss.cause is Cause.TEMPLATE_DROPS_HISTORY:
-            section = fields["diverged_section"] = dropped_section(prompt.missing)
+            section = dropped_section(prompt.missing)
         lost_ms = _priced(loss.tokens, ms_per_token)
         self.findings.add(loss.cause, section, loss.tokens, lost_ms, a.diverged_offset)
-        fields.update(prefill_lost_ms=lost_ms, prefill_lost_tokens=loss.tokens)
         self._on_event(
             "prefill_cause", id=record.id, cause=str(loss.cause), section=section, lost_ms=lost_ms
         )
         if loss.cache_cause is None:
-            return lost_ms
+            return _Priced(section, lost_ms, total_ms=lost_ms)
         cache_ms = _priced(loss.cache_tokens, ms_per_token)
         self.findings.add(loss.cache_cause, None, loss.cache_tokens, cache_ms)
-        fields.update(cache_lost_cause=str(loss.cache_cause), cache_lost_ms=cache_ms)
-        return (lost_ms or 0.0) + (cache_ms or 0.0)
+        total = (lost_ms or 0.0) + (cache_ms or 0.0)
+        return _Priced(section, lost_ms, str(loss.cache_cause), cache_ms, total)
 
     def _count_conversation(
         self, name: str, turn: int, record: Record, lost_ms: float | None

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.core.partials import RooflineFields, assemble
 from proxy.core.record import Record
 from proxy.core.roofline import Board, ModelMeta, record_roofline
 from proxy.serve.tasks import spawn
@@ -90,18 +91,22 @@ class ModelInfo:
         """The served model's metadata: the named one's on a router, else the one's."""
         return self.by_model.get(model or "") if self.router else self.meta
 
-    def enrich(self, record: Record) -> Record:
-        """``record`` with ``decode_gbs`` and ``roof_ratio`` filled in when it has a decode rate
-        and the model is known; otherwise unchanged (and, the model unknown, a fetch started
-        in the background unless one was tried within ``retry_s``)."""
+    def roofline(self, record: Record) -> RooflineFields | None:
+        """The roofline fields of ``record`` when it has a decode rate and the model is known;
+        otherwise None (and, the model unknown, a fetch started in the background unless one
+        was tried within ``retry_s``)."""
         if record.decode_tok_s is None:
-            return record
+            return None
         meta = self.meta_of(record.model)
         if meta is None:
             self._maybe_fetch(record.model if self.router else None)
-            return record
-        fields = record_roofline(record, meta, self._board)
-        return record.replace(decode_gbs=fields["decode_gbs"], roof_ratio=fields["roof_ratio"])
+            return None
+        return record_roofline(record, meta, self._board)
+
+    def enrich(self, record: Record) -> Record:
+        """``record`` with its :meth:`roofline` fields, or unchanged when there are none."""
+        fields = self.roofline(record)
+        return record if fields is None else assemble(record, fields)
 
     def _maybe_fetch(self, model: str | None) -> None:
         """Fetch unless one was tried for ``model`` (None: the one model) within ``retry_s``."""

@@ -9,22 +9,21 @@ Two samplers, chosen by ``[board] telemetry``:
   ``time.perf_counter`` by default) and parses it (``proxy.core.tegrastats``).
 - **proc** reads the upstream process's ``/proc/PID/stat`` every interval (a read of a few
   hundred bytes on the loop: it takes microseconds). The process is ``[board] upstream_pid``,
-  or the one listening on the upstream URL's port, found through ``/proc/net/tcp{,6}`` and
-  the ``/proc/*/fd`` links (in a thread; only processes of the proxy's own user, unless it is
-  root, show their fds).
+  or the one listening on the upstream URL's port (:mod:`proxy.serve.upstream_pid`).
 
 A sampler that dies (exits, stops printing for ``max(2 s, 10 intervals)``, cannot start) is
 started again after an exponential back-off (``backoff_s`` doubling up to ``backoff_cap_s``);
 the outage is logged once (``telemetry_sampler_down``) and its end once
 (``telemetry_sampler_recovered``, after ``healthy_s`` of samples). Nothing here blocks the
-relay: ``fields`` is awaited after the exchange, and waits at most two intervals for the
-sample that closes the interval.
+relay: ``sample`` (the request's :class:`~proxy.core.partials.BoardFields`) is awaited after
+the exchange, and waits at most two intervals for the sample that closes the interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -33,12 +32,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlsplit
 
 from proxy.config import BoardConfig, Config
-from proxy.core.cpu_time import cpu_ms, cpu_ms_between, listening_inodes, socket_inode, stat_ticks
+from proxy.core.cpu_time import cpu_ms, cpu_ms_between, stat_ticks
+from proxy.core.partials import BoardFields, fields_of
 from proxy.core.tegrastats import TegraSample, board_fields, parse_line
 from proxy.serve.tasks import spawn
+from proxy.serve.upstream_pid import find_pid_by_port, local_port
 
 __all__ = [
     "ProcTelemetry",
@@ -51,7 +51,6 @@ __all__ = [
 
 T = TypeVar("T")
 Clock = Callable[[], float]
-_LOCAL_HOSTS = frozenset({"localhost", "::1", "0.0.0.0", "::"})
 _ERROR_CHARS = 200
 
 
@@ -78,9 +77,17 @@ class Telemetry(ABC):
         """Stop sampling and end the child process, if any."""
 
     @abstractmethod
-    async def fields(self, t0: float, t1: float, tokens: int | None) -> dict[str, Any]:
+    async def sample(self, t0: float, t1: float, tokens: int | None) -> BoardFields:
         """The record fields for a request over ``[t0, t1]`` (the injected clock's seconds);
         ``tokens`` is the decoded token count (``predicted_n``)."""
+
+    async def fields(self, t0: float, t1: float, tokens: int | None) -> dict[str, Any]:
+        """The relay's entry point: :meth:`sample` as a mapping of record field names to
+        values (``telemetry_error`` only when it says something)."""
+        found = fields_of(await self.sample(t0, t1, tokens))
+        if found["telemetry_error"] is None:
+            del found["telemetry_error"]
+        return found
 
     @abstractmethod
     def gauges(self) -> dict[str, float]:
@@ -200,11 +207,11 @@ class _Sampled(Telemetry, Generic[T]):
                 async with asyncio.timeout(remaining):
                     await self._tick.wait()
 
-    async def fields(self, t0: float, t1: float, tokens: int | None) -> dict[str, Any]:
+    async def sample(self, t0: float, t1: float, tokens: int | None) -> BoardFields:
         await self._sample_after(t1)
         out = self._compute(list(self._samples), t0, t1, tokens)
-        if all(value is None for value in out.values()):
-            out["telemetry_error"] = self._why_unknown()
+        if all(value is None for value in fields_of(out).values()):
+            return dataclasses.replace(out, telemetry_error=self._why_unknown())
         return out
 
     def _why_unknown(self) -> str:
@@ -216,7 +223,7 @@ class _Sampled(Telemetry, Generic[T]):
     @abstractmethod
     def _compute(
         self, samples: Sequence[tuple[float, T]], t0: float, t1: float, tokens: int | None
-    ) -> dict[str, Any]:
+    ) -> BoardFields:
         """The record fields from the samples."""
 
     def gauges(self) -> dict[str, float]:
@@ -295,7 +302,7 @@ class TegrastatsTelemetry(_Sampled[TegraSample]):
         t0: float,
         t1: float,
         tokens: int | None,
-    ) -> dict[str, Any]:
+    ) -> BoardFields:
         return board_fields(samples, t0, t1, tokens)
 
     def _gauges(self, latest: TegraSample) -> dict[str, float]:
@@ -321,39 +328,6 @@ def _read_ticks(pid: int) -> int:
     return stat_ticks(text)
 
 
-def _pid_holding(proc: Path, inodes: set[int]) -> int | None:
-    """The first process (not this one) with an fd on one of the socket ``inodes``."""
-    own = os.getpid()
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == own:
-            continue
-        try:
-            links = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
-        except OSError:  # another user's process, or it just ended
-            continue
-        if any(socket_inode(link) in inodes for link in links):
-            return int(entry.name)
-    return None
-
-
-def find_pid_by_port(port: int, proc: Path = Path("/proc")) -> int | None:
-    """The process listening on TCP ``port`` (IPv4 or IPv6), or None (blocking: /proc scan)."""
-    inodes: set[int] = set()
-    for name in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            inodes |= listening_inodes((proc / "net" / name).read_text(encoding="ascii"), port)
-    return _pid_holding(proc, inodes) if inodes else None
-
-
-def _local_port(url: str) -> int | None:
-    """The port of ``url`` when its host is this machine's loopback or wildcard, else None."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if host not in _LOCAL_HOSTS and not host.startswith("127."):
-        return None
-    return parts.port or (443 if parts.scheme == "https" else 80)
-
-
 class ProcTelemetry(_Sampled[float]):
     """The upstream process's CPU time (``utime + stime``) from ``/proc/PID/stat``."""
 
@@ -362,7 +336,7 @@ class ProcTelemetry(_Sampled[float]):
     def __init__(self, upstream_url: str, pid: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._given_pid = pid
-        self._port = _local_port(upstream_url)
+        self._port = local_port(upstream_url)
         self._url = upstream_url
         self._pid: int | None = None
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
@@ -391,8 +365,8 @@ class ProcTelemetry(_Sampled[float]):
 
     def _compute(
         self, samples: Sequence[tuple[float, float]], t0: float, t1: float, tokens: int | None
-    ) -> dict[str, Any]:
-        return {"upstream_cpu_ms": cpu_ms_between(samples, t0, t1)}
+    ) -> BoardFields:
+        return BoardFields(upstream_cpu_ms=cpu_ms_between(samples, t0, t1))
 
     def _gauges(self, latest: float) -> dict[str, float]:
         return {"upstream_cpu_s": latest / 1000.0}

@@ -173,8 +173,8 @@ class TestFindings:
         assert findings.findings() == []
 
     def test_tool_decode_slower_than_chat_beyond_the_spread(self) -> None:
-        """Tool calls at ~6 tok/s against chat at ~10.7 (the Jetson measurement's medians) with a small
-        spread: a finding with both medians; close rates: none."""
+        """Tool calls at ~6 tok/s against chat at ~10.7 (the Jetson measurement's medians) with
+        a small spread: a finding with both medians; close rates: none."""
         findings = SetupFindings()
         for i in range(DECODE_MIN_SAMPLES + 2):
             findings.add(rec(i, max_tokens=64, decode_tok_s=6.0 + 0.1 * (i % 3)))

@@ -95,31 +95,31 @@ class TestTegrastatsSampler:
             t0 = time.perf_counter()
             await asyncio.sleep(0.3)
             t1 = time.perf_counter()
-            out = await tel.fields(t0, t1, tokens=12)
+            out = await tel.sample(t0, t1, tokens=12)
         finally:
             await tel.close()
         expected = POWER_MW * (t1 - t0)
-        assert out["energy_mj"] == pytest.approx(expected, abs=1e-3)
-        assert out["energy_mj_per_token"] == pytest.approx(expected / 12, abs=1e-3)
-        assert out["power_w_avg"] == pytest.approx(POWER_MW / 1000)
-        assert out["gpu_busy_pct"] == 37  # the fake line's GR3D_FREQ
-        assert out["temp_max_c"] == 45.968  # its hottest zone
-        assert out["ram_used_mb"] >= 2  # the fake's sequence number
-        assert "telemetry_error" not in out
+        assert out.energy_mj == pytest.approx(expected, abs=1e-3)
+        assert out.energy_mj_per_token == pytest.approx(expected / 12, abs=1e-3)
+        assert out.power_w_avg == pytest.approx(POWER_MW / 1000)
+        assert out.gpu_busy_pct == 37  # the fake line's GR3D_FREQ
+        assert out.temp_max_c == 45.968  # its hottest zone
+        assert out.ram_used_mb is not None and out.ram_used_mb >= 2  # the fake's sequence number
+        assert out.telemetry_error is None
         assert tel.snapshot()["input_rail"] == "VDD_IN"
 
-    async def test_fields_wait_for_the_closing_sample(self, tmp_path: Path) -> None:
+    async def test_sample_waits_for_the_closing_sample(self, tmp_path: Path) -> None:
         """An interval ending now is answered once the next sample arrives, not before."""
         tel = tegrastats(fake_tegrastats(tmp_path), interval_ms=200)
         await tel.start()
         try:
             await until(lambda: tel.snapshot()["samples"] >= 1)
             t1 = time.perf_counter()
-            out = await tel.fields(t1 - 0.001, t1, tokens=None)
+            out = await tel.sample(t1 - 0.001, t1, tokens=None)
         finally:
             await tel.close()
-        assert out["energy_mj"] == pytest.approx(POWER_MW * 0.001, abs=1e-3)
-        assert out["energy_mj_per_token"] is None
+        assert out.energy_mj == pytest.approx(POWER_MW * 0.001, abs=1e-3)
+        assert out.energy_mj_per_token is None
 
     async def test_before_the_first_sample(self, tmp_path: Path) -> None:
         """An interval starting before the first sample is not covered, and says so."""
@@ -128,11 +128,11 @@ class TestTegrastatsSampler:
         await tel.start()
         try:
             await until(lambda: tel.snapshot()["samples"] >= 2)
-            out = await tel.fields(t0, time.perf_counter(), tokens=5)
+            out = await tel.sample(t0, time.perf_counter(), tokens=5)
         finally:
             await tel.close()
-        assert out["energy_mj"] is None
-        assert out["telemetry_error"] == "samples_do_not_cover_request"
+        assert out.energy_mj is None
+        assert out.telemetry_error == "samples_do_not_cover_request"
 
     async def test_gauges(self, tmp_path: Path) -> None:
         """/metrics gauges are the latest sample's power, GPU %, RAM and hottest temperature."""
@@ -198,12 +198,12 @@ class TestTegrastatsSampler:
         await tel.start()
         try:
             await until(lambda: tel.snapshot()["state"] == "restarting")
-            out = await tel.fields(0.0, 1.0, tokens=1)
+            out = await tel.sample(0.0, 1.0, tokens=1)
             gauges = tel.gauges()
         finally:
             await tel.close()
-        assert out["energy_mj"] is None
-        assert out["telemetry_error"].startswith("sampler_restarting: FileNotFoundError")
+        assert out.energy_mj is None
+        assert (out.telemetry_error or "").startswith("sampler_restarting: FileNotFoundError")
         assert gauges == {}
         assert events.names() == ["telemetry_sampler_down"]
 
@@ -335,8 +335,8 @@ async def measured(tel: ProcTelemetry, work: Callable[[], Awaitable[None]]) -> f
     t0 = time.perf_counter()
     await work()
     t1 = time.perf_counter()
-    out = await tel.fields(t0, t1, tokens=None)
-    value = out["upstream_cpu_ms"]
+    out = await tel.sample(t0, t1, tokens=None)
+    value = out.upstream_cpu_ms
     assert value is None or isinstance(value, float)
     return value
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.core.assemble import build_record
+from proxy.core.partials import assemble
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.request import RequestFacts
 from proxy.core.tracker import Observation
@@ -158,7 +159,7 @@ class Handoff:
         """Join the accounting and the board's telemetry to the record, after the agent's
         response has ended (the two wait side by side)."""
         sampled = (
-            spawn(board.fields(*window, record.predicted_n), self._completing)
+            spawn(board.sample(*window, record.predicted_n), self._completing)
             if board is not None
             else None
         )
@@ -169,7 +170,7 @@ class Handoff:
                 record = record.replace(accounting_error=type(exc).__name__)
         if sampled is not None:
             try:
-                record = record.replace(**await sampled)
+                record = assemble(record, await sampled)
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():

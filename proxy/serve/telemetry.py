@@ -81,14 +81,6 @@ class Telemetry(ABC):
         """The record fields for a request over ``[t0, t1]`` (the injected clock's seconds);
         ``tokens`` is the decoded token count (``predicted_n``)."""
 
-    async def fields(self, t0: float, t1: float, tokens: int | None) -> dict[str, Any]:
-        """The relay's entry point: :meth:`sample` as a mapping of record field names to
-        values (``telemetry_error`` only when it says something)."""
-        found = fields_of(await self.sample(t0, t1, tokens))
-        if found["telemetry_error"] is None:
-            del found["telemetry_error"]
-        return found
-
     @abstractmethod
     def gauges(self) -> dict[str, float]:
         """The latest sample's gauges for ``/metrics``; empty while the sampler is down.

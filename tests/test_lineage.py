@@ -40,8 +40,8 @@ from tests.qwen3_toy import (
 def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> int:
     """The earlier prompt's tokens from ``start`` on that the new prompt repeats from
     ``start`` on: from each token, the longest run found anywhere there (every place tried);
-    one of ``RUN`` tokens or more, ``MIN_CONTENT`` of them the request's own text (the
-    prompt's content mask), is counted and passed over."""
+    one of ``RUN`` tokens or more, ``MIN_CONTENT`` of them (or all that remain, at least one)
+    the request's own text (the prompt's content mask), is counted and passed over."""
     e, tail, own = ids_of(earlier), ids_of(new)[start:], earlier.content
     total, i = 0, start
     while i < len(e):
@@ -51,7 +51,8 @@ def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> 
             while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
                 n += 1
             longest = max(longest, n)
-        if longest >= RUN and sum(own[i : i + longest]) >= MIN_CONTENT:
+        needed = max(1, min(MIN_CONTENT, sum(own[i : len(e)])))
+        if longest >= RUN and sum(own[i : i + longest]) >= needed:
             total += longest
             i += longest
         else:

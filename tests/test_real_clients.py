@@ -47,8 +47,11 @@ if TYPE_CHECKING:  # imported where used: two seconds off every run's collection
 
 pytestmark = pytest.mark.real
 
-CLOCK_TOLERANCE_MS = 25.0
-"""How far the proxy's ttft_ms may be from the client's own first-token clock."""
+CLOCK_TOLERANCE_MS = 50.0
+"""How far the proxy's ttft_ms may be from the client's own first-token clock. The client's
+clock holds the SDK's own work and the scheduling of three processes (the client, the proxy,
+llama-server at ``-t 1``) on two cores: 32 ms was seen once in a full CI run; a proxy that
+timed something else (the upstream's head, the last token) is off by far more."""
 
 PROMPT = "What is the weather in Paris right now?"
 DESCRIPTION = "Get the current weather for a city."

@@ -20,7 +20,8 @@ def naive(
 ) -> int:
     """From each earlier token in ``[start, stop)``, the longest run of ``earlier`` found
     anywhere in ``new[start:]`` (every place tried); a run of ``RUN`` tokens or more holding
-    ``MIN_CONTENT`` content tokens (when a mask is given) is counted and passed over, else
+    ``MIN_CONTENT`` content tokens, or all that remain and at least one (when a mask is
+    given), is counted and passed over, else
     the next token is tried."""
     tail = new[start:]
     total, i = 0, start
@@ -32,7 +33,8 @@ def naive(
                 n += 1
             longest = max(longest, n)
         own = sum(content[i : i + longest]) if content is not None else MIN_CONTENT
-        if longest >= RUN and own >= MIN_CONTENT:
+        needed = max(1, min(MIN_CONTENT, sum(content[i:stop]))) if content is not None else 0
+        if longest >= RUN and own >= needed:
             total += longest
             i += longest
         else:
@@ -114,3 +116,18 @@ def test_shared_template_markup_alone_is_not_repeated() -> None:
     assert repeated_tokens(as_bytes(earlier), as_bytes(new), 3, len(earlier)) == 20
     text = [0, 0, 0, *[1] * 30, *[1] * 10, *[0] * 10]
     assert repeated_tokens(as_bytes(earlier), as_bytes(new), 3, len(earlier), bytes(text)) == 20
+
+
+def test_a_short_last_question_after_a_moved_block_is_repeated() -> None:
+    """After a reordered tool list, the template's footer, a last question of five tokens and
+    the generation prompt (one run of 40, five of them the request's own text: all it still
+    has) are repeated; the same run after an edited question, holding only part of the
+    question, is not."""
+    tool_a, tool_b = list(range(100, 120)), list(range(200, 220))
+    tail = [*range(300, 320), *range(400, 405), *range(500, 515)]
+    earlier = [1, 2, *tool_a, *tool_b, *tail]
+    new = [1, 2, *tool_b, *tool_a, *tail]
+    content = bytes([0, 0, *[1] * 40, *[0] * 20, *[1] * 5, *[0] * 15])
+    assert repeated_tokens(as_bytes(earlier), as_bytes(new), 2, len(earlier), content) == 80
+    edited = [1, 2, *tool_b, *tool_a, *range(300, 320), *range(400, 403), 999, *range(500, 515)]
+    assert repeated_tokens(as_bytes(earlier), as_bytes(edited), 2, len(earlier), content) == 40

@@ -6,8 +6,9 @@ llama-server reuses a cached prompt only up to the first token that differs. Aft
 prompt had after that point and the new prompt still holds is prefilled again: that is the
 change's cost. What the new prompt adds (its new question, the new turn) is not: it had to be
 prefilled in any case. Tokens count as repeated in runs of at least :data:`RUN`, in any order
-(a tool moved down the list is repeated), each holding enough of the request's own text, so
-that template markup shared by chance is not.
+(a tool moved down the list is repeated), each holding enough of the request's own text (or
+all of it that the earlier prompt still had), so that template markup shared by chance is
+not.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ RUN = 16
 
 MIN_CONTENT = 8
 """A repeated run counts only when this many of its tokens are the request's own text (a
-message's content, a tool's JSON): a template whose markers are not special tokens (Gemma
-serving a Qwen3 template) writes runs of 16 markup tokens that every prompt shares."""
+message's content, a tool's JSON), or when it holds all such text the earlier prompt has from
+the run on (a short last question repeated after a reordered tool list): a template whose
+markers are not special tokens (Gemma serving a Qwen3 template) writes runs of 16 markup
+tokens that every prompt shares."""
 
 _WIDTH = 4
 """Bytes a token id takes in a prompt's ``tokens``."""
@@ -36,19 +39,22 @@ def repeated_tokens(
     after ``start``; a run of at least :data:`RUN` tokens is counted and passed over, else
     the next token is tried. Both are token ids as 4-byte items. With ``content`` (one byte
     per earlier token, 1 for the request's own text), a run counts only when at least
-    :data:`MIN_CONTENT` of its tokens are such text."""
+    :data:`MIN_CONTENT` of its tokens are such text, or all of it from the run to ``stop``
+    (and at least one)."""
     tail = new[start * _WIDTH :]
     if stop - start < RUN or len(tail) < RUN * _WIDTH:
         return 0
     places = _run_starts(tail)
     size = RUN * _WIDTH
+    left = _content_left(content, start, stop) if content is not None else []
     total, i = 0, start
     while i + RUN <= stop:
         found = places.get(earlier[i * _WIDTH : i * _WIDTH + size])
         if found:
             rest = earlier[i * _WIDTH : stop * _WIDTH]
             length = max(shared_prefix(rest, tail[at * _WIDTH :]) for at in found)
-            if content is None or sum(content[i : i + length]) >= MIN_CONTENT:
+            needed = max(1, min(MIN_CONTENT, left[i - start])) if content is not None else 0
+            if content is None or sum(content[i : i + length]) >= needed:
                 total += length
                 i += length
                 continue
@@ -65,3 +71,11 @@ def _run_starts(tail: bytes) -> dict[bytes, list[int]]:
         if len(where) < 16:
             where.append(at)
     return places
+
+
+def _content_left(content: bytes, start: int, stop: int) -> list[int]:
+    """For each token in ``[start, stop)``: the content tokens from it to ``stop``."""
+    left = [0] * (stop - start + 1)
+    for i in range(stop - 1, start - 1, -1):
+        left[i - start] = left[i - start + 1] + content[i]
+    return left

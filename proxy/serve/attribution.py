@@ -109,6 +109,8 @@ UNSUPPORTED_RETRY_S = 60.0
 """After the upstream answered a look-up with 404/405/501 (a server without
 ``/apply-template`` or ``/tokenize``), no prompt is rendered for this long: every request
 would otherwise pay the failed look-ups again."""
+OFFSETS_KEPT = 64
+"""Models whose BOS offset is kept; the names come from clients, so the map is bounded."""
 
 
 class LookupUnsupported(Exception):
@@ -150,7 +152,9 @@ class Attributor:
         self._background: set[asyncio.Future[None]] = set()
         self._slots = asyncio.Semaphore(2)
         self._offsets: dict[str, int] = {}
-        """The tokens the tokenizer adds before a text (BOS), per model key."""
+        """Per model named in the body: the count of tokens llama-server puts before the
+        template's text (BOS). Keyed by the name whether or not the upstream routes by it, so
+        a prompt rendered before the router was known finds its offset afterwards."""
         self.history = PromptHistory(size=history, max_bytes=max_bytes)
         self.findings = Findings()
         self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -227,9 +231,11 @@ class Attributor:
         # the chat body names the request's model: a router answers for it, so the
         # tokenizations name it too
         model = {"model": chat["model"]} if isinstance(chat.get("model"), str) else {}
-        key = self._key(chat.get("model"))
+        key = _named(chat.get("model"))
         async with self._slots:
             if key not in self._offsets:
+                if len(self._offsets) >= OFFSETS_KEPT:
+                    self._offsets.clear()  # names are the client's: bounded, re-asked
                 bos = await self._post("/tokenize", {"content": "", "add_special": True, **model})
                 self._offsets[key] = len(bos["tokens"])
             text = str((await self._post("/apply-template", chat))["prompt"])
@@ -260,7 +266,7 @@ class Attributor:
     ) -> AttributionFields:
         """The record's prefix fields for its rendered ``prompt``; counts the finding.
         ``conversation`` is the id the agent sent in a header, if any (before the body's)."""
-        offset = self._offsets.get(self._model_key(facts), 0)
+        offset = self._offsets.get(_named(facts.model), 0)
         if ms_per_token is None and record.prefill_ms is not None and record.prompt_n:
             # no reference rate yet: this request's own
             ms_per_token = record.prefill_ms / record.prompt_n
@@ -359,3 +365,8 @@ class Attributor:
             "findings": [f.to_dict() for f in self.findings.ranked()],
             "conversations": dict(self.conversations),
         }
+
+
+def _named(model: Any) -> str:
+    """The model a body names, or "" when it names none."""
+    return model if isinstance(model, str) else ""

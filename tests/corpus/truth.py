@@ -176,8 +176,9 @@ def relation(new: Prompt, earlier: Prompt) -> str:
 def repeated(earlier: Prompt, new: Prompt, d: int) -> int:
     """The tokens of ``earlier`` after ``d`` (to its end) that ``new`` holds after ``d``: from
     each position the longest run of ``earlier`` found anywhere in ``new[d:]``; one of at
-    least :data:`RUN` tokens, :data:`MIN_CONTENT` of them starting in the request's own text
-    (:func:`content_of`), is counted and passed over, else the next position is tried."""
+    least :data:`RUN` tokens, :data:`MIN_CONTENT` of them (or all that remain, at least one)
+    starting in the request's own text (:func:`content_of`), is counted and passed over,
+    else the next position is tried."""
     e, tail, own = earlier.tokens, new.tokens[d:], content_of(earlier)
     total, i = 0, d
     while i < len(e):
@@ -187,7 +188,8 @@ def repeated(earlier: Prompt, new: Prompt, d: int) -> int:
             while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
                 n += 1
             longest = max(longest, n)
-        if longest >= RUN and sum(own[i : i + longest]) >= MIN_CONTENT:
+        needed = max(1, min(MIN_CONTENT, sum(own[i : len(e)])))
+        if longest >= RUN and sum(own[i : i + longest]) >= needed:
             total += longest
             i += longest
         else:

@@ -14,8 +14,8 @@ from openai.types.responses.response import PromptCacheDiagnostics
 from pydantic import TypeAdapter
 
 from proxy.core.diagnostics import anthropic_diagnostics, diagnose, openai_diagnostics
-from proxy.core.lineage import compare
 from proxy.core.prefix import RenderedPrompt
+from proxy.core.turns import compare
 from tests.qwen3_toy import BOS, TOOLS, chat, clock_changed, rendered, system, turns, user
 
 OPENAI = TypeAdapter(PromptCacheDiagnostics)

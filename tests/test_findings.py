@@ -31,8 +31,9 @@ from proxy.core.findings import (
     dropped_section,
     loss_of,
 )
-from proxy.core.lineage import Attribution, Changed, PrefixKind, PromptHistory
+from proxy.core.lineage import Attribution, PromptHistory
 from proxy.core.prefix import RenderedPrompt, shared_prefix
+from proxy.core.turns import Changed, PrefixKind
 from tests.qwen3_toy import (
     BOS,
     MS_PER_TOKEN,

@@ -11,9 +11,10 @@ import copy
 
 import pytest
 
-from proxy.core.lineage import MIN_SHARED, Changed, PrefixKind, PromptHistory
+from proxy.core.lineage import PromptHistory
 from proxy.core.prefix import RenderedPrompt
 from proxy.core.reuse import MIN_CONTENT, RUN
+from proxy.core.turns import MIN_SHARED, Changed, PrefixKind
 from tests.qwen3_toy import (
     BOS,
     MS_PER_TOKEN,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.findings import LOST_MIN_TOKENS
-from proxy.core.lineage import Changed, Comparison, PrefixKind
+from proxy.core.turns import Changed, Comparison, PrefixKind
 
 __all__ = ["Diagnosis", "anthropic_diagnostics", "diagnose", "openai_diagnostics"]
 

@@ -19,7 +19,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.lineage import Attribution, Changed, PrefixKind
+from proxy.core.lineage import Attribution
+from proxy.core.turns import Changed, PrefixKind
 
 __all__ = [
     "FIXES",

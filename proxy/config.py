@@ -203,6 +203,8 @@ class OtelConfig:
     service_name: str = field(default="timing-proxy", metadata={"check": _nonempty})
     max_queue_size: int = field(default=2048, metadata={"ge": 1})
     export_timeout_s: float = field(default=5.0, metadata={"gt": 0})
+    server_spans: bool = False
+    """Also llama-server's side: a SERVER span with queue, prefill and decode children."""
 
 
 @dataclass(frozen=True, slots=True)

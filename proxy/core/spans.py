@@ -1,32 +1,47 @@
 """A record as OpenTelemetry spans, before any span is made: names, attributes, children, events.
 
 Pure: the span follows the GenAI semantic conventions (``gen_ai.*``, ``server.*``, ``http.*``,
-``error.type``) plus every non-null record field as ``timing_proxy.<field>``; the prefill and
-decode children sit where the dashboard draws them. ``proxy.serve.otel`` turns a
-:class:`SpanPlan` into SDK spans.
+``error.type``; the names are the ``opentelemetry-semantic-conventions`` package's constants)
+plus every non-null record field as ``timing_proxy.<field>``; the prefill and decode children
+sit where the dashboard draws them. ``proxy.serve.otel`` turns a :class:`SpanPlan` into SDK
+spans.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv.attributes import (
+    error_attributes,
+    http_attributes,
+    server_attributes,
+    url_attributes,
+)
 
 from proxy.core.record import Outcome, Record
 from proxy.core.request import RequestFacts
 from proxy.core.tracker import Observation
 
 __all__ = [
+    "GEN_AI_USAGE_IMAGE_INPUT_TOKENS",
     "NS_PER_MS",
     "PROVIDER",
     "Attributes",
+    "PartKind",
     "SpanPart",
     "SpanPlan",
     "child_spans",
+    "operation",
     "phases",
+    "present",
     "record_attributes",
+    "span_count",
     "span_name",
     "span_plan",
 ]
@@ -46,6 +61,16 @@ _OPERATIONS = {
 _MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 """Where each API takes the output budget (Chat Completions old and new, Responses, native)."""
 
+GEN_AI_USAGE_IMAGE_INPUT_TOKENS = "gen_ai.usage.image.input_tokens"
+"""The conventions' per-modality input count for images: no release of
+``opentelemetry-semantic-conventions`` has a constant for it; OpenTelemetry's own GenAI utils
+(``opentelemetry-util-genai``) emit this name."""
+
+_SAMPLING = (
+    ("temperature", gen_ai.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", gen_ai.GEN_AI_REQUEST_TOP_P),
+)
+
 NS_PER_MS = 1_000_000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -56,14 +81,29 @@ Value = Scalar | tuple[Scalar, ...]
 Attributes = dict[str, Value]
 
 
+class PartKind(enum.StrEnum):
+    """A child span's kind: ``internal`` (a phase) or ``server`` (llama-server's side)."""
+
+    INTERNAL = "internal"
+    SERVER = "server"
+
+
 @dataclass(frozen=True, slots=True)
 class SpanPart:
-    """A child span (``end_ms`` set) or an event, in ms from the request's arrival."""
+    """A child span (``end_ms`` set) or an event, in ms from the request's arrival; a child
+    span may have children of its own."""
 
     name: str
     start_ms: float
     end_ms: float | None = None
     attributes: Attributes = field(default_factory=dict)
+    kind: PartKind = PartKind.INTERNAL
+    children: tuple[SpanPart, ...] = ()
+
+
+def span_count(parts: Iterable[SpanPart]) -> int:
+    """How many spans ``parts`` are, their children's children included."""
+    return sum(1 + span_count(part.children) for part in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +159,13 @@ def record_attributes(record: Record) -> Attributes:
     return out
 
 
-def _present(attrs: Mapping[str, Value | None]) -> Attributes:
+def present(attrs: Mapping[str, Value | None]) -> Attributes:
+    """The attributes that have a value."""
     return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _seconds(ms: float | None) -> float | None:
+    return ms / 1000.0 if ms is not None else None
 
 
 def _request_parameters(body: Mapping[str, Any] | None) -> Attributes:
@@ -131,43 +176,52 @@ def _request_parameters(body: Mapping[str, Any] | None) -> Attributes:
     for key in _MAX_TOKENS_KEYS:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
-            out["gen_ai.request.max_tokens"] = value
+            out[gen_ai.GEN_AI_REQUEST_MAX_TOKENS] = value
             break
-    for key in ("temperature", "top_p"):
+    for key, name in _SAMPLING:
         value = body.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out[f"gen_ai.request.{key}"] = float(value)
+            out[name] = float(value)
     return out
 
 
 def _gen_ai_attributes(
     operation: str, record: Record, facts: RequestFacts, obs: Observation | None
 ) -> Attributes:
-    """The GenAI semantic conventions' attributes of a model call."""
+    """The GenAI semantic conventions' attributes of a model call: each one the record has
+    (the time to the first chunk for a streamed response only, as the conventions ask)."""
     candidates: dict[str, Value | None] = {
-        "gen_ai.operation.name": operation,
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": facts.model,
-        "gen_ai.response.model": obs.model if obs is not None else None,
-        "gen_ai.usage.input_tokens": record.prompt_tokens,
-        "gen_ai.usage.output_tokens": record.predicted_n,
-        "gen_ai.usage.cache_read.input_tokens": record.cache_n,
-        "gen_ai.response.finish_reasons": (record.finish_reason,) if record.finish_reason else None,
+        gen_ai.GEN_AI_OPERATION_NAME: operation,
+        gen_ai.GEN_AI_PROVIDER_NAME: PROVIDER,
+        gen_ai.GEN_AI_REQUEST_MODEL: facts.model,
+        gen_ai.GEN_AI_REQUEST_STREAM: record.stream,
+        gen_ai.GEN_AI_RESPONSE_MODEL: obs.model if obs is not None else None,
+        gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: _seconds(record.ttft_ms)
+        if record.stream
+        else None,
+        gen_ai.GEN_AI_USAGE_INPUT_TOKENS: record.prompt_tokens,
+        gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: record.predicted_n,
+        gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: record.cache_n,
+        gen_ai.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: record.reasoning_tokens,
+        GEN_AI_USAGE_IMAGE_INPUT_TOKENS: record.image_tokens,
+        gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: (record.finish_reason,)
+        if record.finish_reason
+        else None,
     }
-    out = _present(candidates)
+    out = present(candidates)
     out.update(_request_parameters(facts.body))
     return out
 
 
 def _http_attributes(record: Record, server: tuple[str, int]) -> Attributes:
     candidates: dict[str, Value | None] = {
-        "server.address": server[0],
-        "server.port": server[1],
-        "http.request.method": record.method,
-        "url.path": record.path,
-        "http.response.status_code": record.status,
+        server_attributes.SERVER_ADDRESS: server[0],
+        server_attributes.SERVER_PORT: server[1],
+        http_attributes.HTTP_REQUEST_METHOD: record.method,
+        url_attributes.URL_PATH: record.path,
+        http_attributes.HTTP_RESPONSE_STATUS_CODE: record.status,
     }
-    return _present(candidates)
+    return present(candidates)
 
 
 def _prefill_end(record: Record, prefill: float) -> float:
@@ -214,14 +268,14 @@ def child_spans(record: Record) -> tuple[SpanPart, ...]:
             "timing_proxy.prefill_ms": record.prefill_ms,
             "timing_proxy.schema_prefill_ms": record.schema_prefill_ms,
         }
-        out.append(SpanPart("prefill", *prefill, _present(attrs)))
+        out.append(SpanPart("prefill", *prefill, present(attrs)))
     if decode is not None:
         attrs = {
             "timing_proxy.predicted_n": record.predicted_n,
             "timing_proxy.decode_ms": record.decode_ms,
             "timing_proxy.decode_tok_s": record.decode_tok_s,
         }
-        out.append(SpanPart("decode", *decode, _present(attrs)))
+        out.append(SpanPart("decode", *decode, present(attrs)))
     return tuple(out)
 
 
@@ -235,19 +289,25 @@ def _events(record: Record) -> tuple[SpanPart, ...]:
             "timing_proxy.tool_call_tokens": record.tool_call_tokens,
             "timing_proxy.tool_call_valid": record.tool_call_valid,
         }
-        out.append(SpanPart("tool call complete", record.tool_call_ms, None, _present(attrs)))
+        out.append(SpanPart("tool call complete", record.tool_call_ms, None, present(attrs)))
     return tuple(out)
+
+
+def operation(record: Record) -> str | None:
+    """``gen_ai.operation.name`` of the record's call; None for a request that is no model
+    call."""
+    return _OPERATIONS.get(record.api or "")
 
 
 def span_name(record: Record, facts: RequestFacts) -> str:
     """``{gen_ai.operation.name} {gen_ai.request.model}`` for a model call (the operation
     alone without a model); the HTTP method for any other request (its path, which a client
     chooses, stays out of the name to keep names few)."""
-    operation = _OPERATIONS.get(record.api or "")
-    if operation is None:
+    name = operation(record)
+    if name is None:
         return record.method or "HTTP"
     model = facts.model or record.model
-    return f"{operation} {model}" if model else operation
+    return f"{name} {model}" if model else name
 
 
 def span_plan(
@@ -263,12 +323,12 @@ def span_plan(
     :func:`child_spans`, ``now_ns`` the wall clock (epoch ns) for a record without ``ts``."""
     start = _start_ns(record, now_ns)
     attributes = _http_attributes(record, server)
-    operation = _OPERATIONS.get(record.api or "")
-    if operation is not None:
-        attributes.update(_gen_ai_attributes(operation, record, facts, obs))
+    name = operation(record)
+    if name is not None:
+        attributes.update(_gen_ai_attributes(name, record, facts, obs))
     error = str(record.outcome) if record.outcome is not Outcome.COMPLETED else None
     if error is not None:
-        attributes["error.type"] = error
+        attributes[error_attributes.ERROR_TYPE] = error
     attributes.update(record_attributes(record))
     return SpanPlan(
         name=span_name(record, facts),

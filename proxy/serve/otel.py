@@ -24,14 +24,25 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.config import Config, OtelConfig, parse_labels
 from proxy.core.record import Record
 from proxy.core.request import RequestFacts
-from proxy.core.spans import NS_PER_MS, PROVIDER, SpanPlan, child_spans, phases, span_plan
+from proxy.core.server_spans import server_child_spans
+from proxy.core.spans import (
+    NS_PER_MS,
+    PROVIDER,
+    PartKind,
+    SpanPart,
+    SpanPlan,
+    child_spans,
+    phases,
+    span_count,
+    span_plan,
+)
 from proxy.core.tracker import Observation
 
 __all__ = [
@@ -50,6 +61,7 @@ _BATCH = 512
 """The SDK's default export batch (lowered to the queue's size when that is smaller)."""
 _MAX_ATTRIBUTES = 256
 """The SDK keeps 128 attributes per span by default; a full record has more fields."""
+_KINDS = {PartKind.INTERNAL: SpanKind.INTERNAL, PartKind.SERVER: SpanKind.SERVER}
 
 
 def otel_enabled(config: OtelConfig, environ: Mapping[str, str] = os.environ) -> bool:
@@ -161,10 +173,13 @@ class OtelSink:
         max_queue_size: int = 2048,
         export_timeout_s: float = 5.0,
         schedule_delay_ms: float | None = None,
+        server_spans: bool = False,
     ) -> None:
         """``schedule_delay_ms``: how long the processor waits to fill a batch (None: the
-        SDK's ``OTEL_BSP_SCHEDULE_DELAY`` or 5 s)."""
+        SDK's ``OTEL_BSP_SCHEDULE_DELAY`` or 5 s); ``server_spans``: llama-server's side as a
+        SERVER span with queue, prefill and decode children (:mod:`proxy.core.server_spans`)."""
         self._counts = _Counts()
+        self._server_spans = server_spans
         self._bound = max_queue_size
         self._timeout_s = export_timeout_s
         self._server = _server(upstream_url)
@@ -185,8 +200,12 @@ class OtelSink:
         self._tracer = self._provider.get_tracer("timing_proxy", _version())
 
     def __call__(self, record: Record, facts: RequestFacts, obs: Observation | None) -> None:
-        children = child_spans(record)
-        n = 1 + len(children)
+        children = (
+            server_child_spans(record, facts, obs, server=self._server)
+            if self._server_spans
+            else child_spans(record)
+        )
+        n = 1 + span_count(children)
         if self._closed:
             with self._counts.lock:
                 self._counts.dropped += n
@@ -203,20 +222,11 @@ class OtelSink:
         )
         if not root.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): nothing is queued
             with self._counts.lock:
-                self._counts.accepted -= 1 + len(plan.children)
+                self._counts.accepted -= 1 + span_count(plan.children)
             return
         if plan.error is not None:
             root.set_status(Status(StatusCode.ERROR, plan.error))
-        context = set_span_in_context(root)
-        for child in plan.children:
-            span = self._tracer.start_span(
-                child.name,
-                context=context,
-                kind=SpanKind.INTERNAL,
-                attributes=child.attributes,
-                start_time=plan.start_ns + int(child.start_ms * NS_PER_MS),
-            )
-            span.end(plan.start_ns + int((child.end_ms or child.start_ms) * NS_PER_MS))
+        self._emit_children(plan.children, root, plan.start_ns)
         for event in plan.events:
             root.add_event(
                 event.name,
@@ -224,6 +234,20 @@ class OtelSink:
                 timestamp=plan.start_ns + int(event.start_ms * NS_PER_MS),
             )
         root.end(plan.end_ns)
+
+    def _emit_children(self, parts: tuple[SpanPart, ...], parent: Span, start_ns: int) -> None:
+        """Each part as a span under ``parent``, its own children under it."""
+        context = set_span_in_context(parent)
+        for part in parts:
+            span = self._tracer.start_span(
+                part.name,
+                context=context,
+                kind=_KINDS[part.kind],
+                attributes=part.attributes,
+                start_time=start_ns + int(part.start_ms * NS_PER_MS),
+            )
+            self._emit_children(part.children, span, start_ns)
+            span.end(start_ns + int((part.end_ms or part.start_ms) * NS_PER_MS))
 
     def dropped(self) -> int:
         """Spans that never reached the exporter (queue full, shut down)."""
@@ -309,4 +333,5 @@ def otel_sink_for(config: Config, environ: Mapping[str, str] = os.environ) -> Ot
         upstream_url=config.upstream.url,
         max_queue_size=otel.max_queue_size,
         export_timeout_s=otel.export_timeout_s,
+        server_spans=otel.server_spans,
     )

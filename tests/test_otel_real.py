@@ -154,6 +154,12 @@ def _check_span(
         "http.response.status_code": record["status"],
     }
     assert {k: attrs.get(k) for k in expected} == expected
+    # the newer GenAI names: a stream's first chunk in seconds; counts only where recorded
+    assert attrs["gen_ai.request.stream"] is True
+    assert attrs["gen_ai.response.time_to_first_chunk"] == pytest.approx(record["ttft_ms"] / 1000)
+    for name, field in (("cache_read.input", "cache_n"), ("reasoning.output", "reasoning_tokens")):
+        assert attrs.get(f"gen_ai.usage.{name}_tokens") == record.get(field), name
+    assert attrs.get("gen_ai.usage.image.input_tokens") == record.get("image_tokens")
     fields = {f.name for f in dataclasses.fields(Record)}
     for name, value in record.items():
         if name in fields and value is not None and not isinstance(value, dict):

@@ -47,6 +47,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=argparse.SUPPRESS,
     )
     p.add_argument("--upstream", help=argparse.SUPPRESS)  # for the bare-relay role
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also run the timing-proxy of the checkout DIR (its path and its analysis cost)",
+    )
     return parse_sizes(p, argv, SIZES)
 
 
@@ -64,14 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_bare_relay(args.upstream)
         return 0
     from bench.overhead.machine import save_run
-    from bench.overhead.report import report
-    from bench.overhead.run import RELAYS, run_paths
+    from bench.overhead.procs import ROOT
+    from bench.overhead.report import BASELINE, PROXY, report
+    from bench.overhead.run import RELAYS, baseline_path, run_paths
     from bench.overhead.tracker_cost import tracker_cpu
 
-    res = asyncio.run(run_paths(args, RELAYS, "bench/relay_overhead.py"))
+    paths = RELAYS | ({BASELINE: baseline_path(args.baseline)} if args.baseline else {})
+    res = asyncio.run(run_paths(args, paths, "bench/relay_overhead.py"))
     if args.tracker_reps > 0:
         print("[bench] in-process analysis", file=sys.stderr, flush=True)
-        res["tracker"] = tracker_cpu(args.long_tokens, args.tracker_reps)
+        trees = {PROXY: ROOT} | ({BASELINE: args.baseline} if args.baseline else {})
+        costs = tracker_cpu(args.long_tokens, args.tracker_reps, trees)
+        res["tracker"] = costs[PROXY]
+        if args.baseline:
+            res["tracker_baseline"] = costs[BASELINE]
     save_run(res, report(res), "relay_overhead", args.out)
     return 0
 

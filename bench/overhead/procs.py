@@ -110,18 +110,33 @@ def start_role(role: str, *args: str) -> Proc:
     return Proc(role, popen, f"http://{HOST}:{int(line.split()[1])}")
 
 
+def proxy_env(tree: Path) -> dict[str, str]:
+    """The environment in which ``python -m proxy``, run in ``tree``, imports ``tree``'s."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
 def start_proxy(
-    name: str, upstream: str, tmp: Path, log_file: Path | None = None, config: str = ""
+    name: str,
+    upstream: str,
+    tmp: Path,
+    log_file: Path | None = None,
+    config: str = "",
+    tree: Path = ROOT,
 ) -> Proc:
-    """``python -m proxy serve`` as a user runs it (the JSON log line per request on, stdout
-    to /dev/null; ``log_file`` also keeps it), a pool for 200 streams, ``config`` added."""
+    """``python -m proxy serve`` of ``tree`` as a user runs it (the JSON log line per request
+    on, stdout to /dev/null; ``log_file`` also keeps it), a pool for 200 streams, ``config``
+    added."""
     (tmp / f"{name}.toml").write_text("[upstream]\nmax_connections = 256\n" + config)
     port, admin_port = free_port(HOST), free_port(HOST)
     args = ["serve", "--config", str(tmp / f"{name}.toml"), "--upstream", upstream]
     args += ["--listen", f"{HOST}:{port}", "--admin-listen", f"{HOST}:{admin_port}"]
     args += ["--log-file", str(log_file)] if log_file is not None else []
     popen = subprocess.Popen(
-        [PY, "-m", "proxy", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        [PY, "-m", "proxy", *args],
+        cwd=tree,
+        env=proxy_env(tree),
+        stdout=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
     )
     return Proc(name, popen, f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 BARE, PROXY = "bare-relay", "timing-proxy"
+BASELINE = "timing-proxy (baseline)"
 STREAM_OVER_BARE_MS = 0.10
 """Target: timing-proxy's added p50 per 100-event stream at most this over the bare relay's."""
 JSON_OVER_BARE_MS = 0.05
@@ -131,17 +132,17 @@ def header(res: dict[str, Any]) -> list[str]:
         f"Sizes: {lat['rounds']} rounds per kind (warm-up {lat['warmup']}), paths in a fresh "
         f"random order each round, kinds alternating in blocks of {lat['block']} rounds; {runs}"
         + ("  " if versions else ""),
-        *(["Peers: " + ", ".join(versions)] if versions else []),
+        *(["Versions: " + ", ".join(versions)] if versions else []),
         "",
     ]
 
 
-def _over_bare(lat: dict[str, Any], kind: str) -> tuple[float, list[float]] | None:
-    """timing-proxy's added p50 minus the bare relay's, whole run and per quarter."""
+def _over_bare(lat: dict[str, Any], kind: str, name: str) -> tuple[float, list[float]] | None:
+    """``name``'s added p50 minus the bare relay's, whole run and per quarter."""
     k = lat["kinds"][kind]
-    if PROXY not in k or BARE not in k:
+    if name not in k or BARE not in k:
         return None
-    p, b = k[PROXY]["added_ms"], k[BARE]["added_ms"]
+    p, b = k[name]["added_ms"], k[BARE]["added_ms"]
     quarters = [x - y for x, y in zip(p["quarters_p50"], b["quarters_p50"], strict=True)]
     return p["median_diff"] - b["median_diff"], quarters
 
@@ -150,57 +151,83 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "**no**"
 
 
-def targets(res: dict[str, Any]) -> list[str]:
-    """The relay bench's targets, each with its figure and whether it is met."""
-    lat, lines = res["latency"], ["| Target | timing-proxy | met |", "|---|---|---|"]
+def _judged(res: dict[str, Any], name: str, tracker: dict[str, Any] | None) -> list[Any]:
+    """``name``'s figure for each target as (what, figure, met), ``None`` where not run."""
+    lat, rows = res["latency"], []
     for kind, what, limit in (
         ("stream", f"{lat['stream_sse_events']}-event stream", STREAM_OVER_BARE_MS),
         ("plain", f"{lat['plain_body_bytes']}-byte JSON reply", JSON_OVER_BARE_MS),
     ):
-        if (got := _over_bare(lat, kind)) is not None:
-            quarters = " / ".join(f"{q:+.3f}" for q in got[1])
-            lines.append(
-                f"| {what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms | "
-                f"{got[0]:+.3f} ms (quarters of the rounds: {quarters}) | {_yes(got[0] <= limit)} |"
+        got = _over_bare(lat, kind, name)
+        q = " / ".join(f"{x:+.3f}" for x in got[1]) if got else ""
+        rows.append(
+            (
+                f"{what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms",
+                got and (f"{got[0]:+.3f} ms (quarters of the rounds: {q})", got[0] <= limit),
             )
-    long = (res.get("long_stream") or {}).get("modes", {}).get(PROXY)
-    if long is not None:
-        ratio = long["ratio_to_direct"]
-        lines.append(
-            f"| {res['long_stream']['sse_events']:,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× "
-            f"direct's events/s (median) | {ratio:.2f}× | {_yes(ratio >= LONG_STREAM_RATIO)} |"
         )
-    if tr := res.get("tracker"):
-        us = tr["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"]
-        lines.append(
-            f"| analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per "
-            f"chunk, median) | {us:.2f} µs | {_yes(us <= ANALYSIS_US_PER_EVENT)} |"
+    long = res.get("long_stream") or {}
+    ratio = long.get("modes", {}).get(name, {}).get("ratio_to_direct")
+    rows.append(
+        (
+            f"{long.get('sse_events', 0):,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× direct's "
+            "events/s (median)",
+            ratio is not None and (f"{ratio:.2f}×", ratio >= LONG_STREAM_RATIO),
         )
+    )
+    us = tracker["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"] if tracker else None
+    rows.append(
+        (
+            f"analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per "
+            "chunk, median)",
+            us is not None and (f"{us:.2f} µs", us <= ANALYSIS_US_PER_EVENT),
+        )
+    )
+    return rows
+
+
+def targets(res: dict[str, Any]) -> list[str]:
+    """The relay bench's targets, each with timing-proxy's figure and whether it is met
+    (and beside it, with ``--baseline``, the baseline's figure and its own verdict)."""
+    ours = _judged(res, PROXY, res.get("tracker"))
+    base = BASELINE in res["paths"] and _judged(res, BASELINE, res.get("tracker_baseline"))
+    lines = ["| Target | timing-proxy | met |", "|---|---|---|"]
+    if base:
+        lines = [f"| Target | {BASELINE} (met) | timing-proxy | met |", "|---|---|---|---|"]
+    for i, (what, got) in enumerate(ours):
+        if not got:
+            continue
+        then = base[i][1] if base else None
+        cells = [what, *([f"{then[0]} ({_yes(then[1])})" if then else "–"] if base else [])]
+        lines.append("| " + " | ".join([*cells, got[0], _yes(got[1])]) + " |")
     return [*lines, ""]
 
 
-def tracker_table(tr: dict[str, Any]) -> list[str]:
+def tracker_table(tr: dict[str, Any], base: dict[str, Any] | None = None) -> list[str]:
     """CPU µs per event of the tracker (its framer included) per chunking, median of the
-    repetitions, and ``orjson.loads`` of every event for scale."""
+    repetitions, and ``orjson.loads`` of every event for scale; with ``base``, the
+    baseline's beside."""
+    trees = [("timing-proxy", tr), *([(BASELINE, base)] if base else [])]
     lines = [
         f"In-process analysis of a {tr['sse_events']:,}-event stream (CPU µs per event, median of "
-        f"{tr['reps']} repetitions):",
+        f"{tr['reps']} repetitions, each a process of its own after a warm-up run):",
         "",
-        "| Chunking | framer + tracker |",
-        "|---|---|",
+        "| Chunking | " + " | ".join(f"framer + tracker: {n}" for n, _ in trees) + " |",
+        "|---|" + "---|" * len(trees),
     ]
     for name in ("1_event_per_chunk", "4_events_per_chunk", "64_KiB_reads"):
-        t = tr[name]
-        lines.append(
-            f"| {name.replace('_', ' ')} | {t['tracker']['cpu_us_per_event_median']:.2f} |"
-        )
-    ref = tr["reference_orjson_loads_every_event"]["cpu_us_per_event_median"]
-    return [*lines, f"| (for scale: `orjson.loads` of every event) | {ref:.2f} |"]
+        cells = [f"{t[name]['tracker']['cpu_us_per_event_median']:.2f}" for _, t in trees]
+        lines.append(f"| {name.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    ref = [
+        f"{t['reference_orjson_loads_every_event']['cpu_us_per_event_median']:.2f}"
+        for _, t in trees
+    ]
+    return [*lines, "| (for scale: `orjson.loads` of every event) | " + " | ".join(ref) + " |"]
 
 
 def report(res: dict[str, Any]) -> str:
     """The relay bench's report: header, targets, the paths' table, the analysis cost."""
     lines = [*header(res), *targets(res), *table(res)]
     if tr := res.get("tracker"):
-        lines += ["", *tracker_table(tr)]
+        lines += ["", *tracker_table(tr, res.get("tracker_baseline"))]
     return "\n".join(lines)

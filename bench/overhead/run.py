@@ -10,12 +10,14 @@ import asyncio
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,8 @@ from bench.overhead.measure import (
     measure_latency,
     measure_long_stream,
 )
-from bench.overhead.procs import Proc, start_proxy, start_role, wait_ready
-from bench.overhead.report import BARE, PROXY
+from bench.overhead.procs import PY, ROOT, Proc, proxy_env, start_proxy, start_role, wait_ready
+from bench.overhead.report import BARE, BASELINE, PROXY
 from proxy.core.timestamps import iso_utc
 from tests.fakes import llama_event_count, llama_plain_body
 
@@ -100,9 +102,27 @@ class PathSpec:
     version: str | None = None
 
 
-def start_timing_proxy(upstream: str, tmp: Path) -> Started:
-    proc = start_proxy(PROXY, upstream, tmp)
+def start_timing_proxy(upstream: str, tmp: Path, name: str = PROXY, tree: Path = ROOT) -> Started:
+    proc = start_proxy(name, upstream, tmp, tree=tree)
     return Started(proc, ready_url=proc.admin_url + "/stats")  # answers once the proxy listens
+
+
+def baseline_path(tree: Path) -> PathSpec:
+    """timing-proxy as the checkout ``tree`` has it (its own ``proxy`` package: checked, it
+    is the one ``python -m proxy`` imports there); its version is the tree's commit."""
+    probe = [PY, "-c", "import proxy; print(proxy.__file__)"]
+    got = subprocess.run(probe, cwd=tree, env=proxy_env(tree), capture_output=True, text=True)
+    if not Path(got.stdout.strip()).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"python -m proxy in {tree} imports {got.stdout or got.stderr!r}")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
+    return PathSpec(
+        partial(start_timing_proxy, name=BASELINE, tree=tree),
+        f"the same, as the code at {commit or tree} has it",
+        True,
+        f"{commit} ({tree})",
+    )
 
 
 def start_bare_relay(upstream: str, tmp: Path) -> Started:

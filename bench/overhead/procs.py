@@ -46,24 +46,6 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants."""
-    total = 0.0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(p)
-    return total
-
-
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory (``VmRSS``) of ``pid`` and its live descendants, MiB."""
-    kib = 0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
-            kib += next((int(x.split()[1]) for x in fh if x.startswith("VmRSS:")), 0)
-    return kib / 1024
-
-
 @dataclass
 class Proc:
     """One started process, the URL it serves, and a timing-proxy's admin URL."""
@@ -78,10 +60,20 @@ class Proc:
         return self.popen.pid
 
     def cpu(self) -> float:
-        return tree_cpu_seconds(self.pid)
+        """CPU seconds of the process and its live descendants."""
+        total = 0.0
+        for p in tree_pids(self.pid):
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                total += cpu_seconds(p)
+        return total
 
     def rss_mib(self) -> float:
-        return tree_rss_mib(self.pid)
+        """Resident memory (``VmRSS``) of the process and its live descendants, MiB."""
+        kib = 0
+        for p in tree_pids(self.pid):
+            with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
+                kib += next((int(x.split()[1]) for x in fh if x.startswith("VmRSS:")), 0)
+        return kib / 1024
 
     def stop(self) -> None:
         """SIGINT, then SIGKILL after 10 s: this process only, by its id."""
@@ -110,11 +102,6 @@ def start_role(role: str, *args: str) -> Proc:
     return Proc(role, popen, f"http://{HOST}:{int(line.split()[1])}")
 
 
-def proxy_env(tree: Path) -> dict[str, str]:
-    """The environment in which ``python -m proxy``, run in ``tree``, imports ``tree``'s."""
-    return {**os.environ, "PYTHONPATH": str(tree)}
-
-
 def start_proxy(
     name: str,
     upstream: str,
@@ -134,7 +121,7 @@ def start_proxy(
     popen = subprocess.Popen(
         [PY, "-m", "proxy", *args],
         cwd=tree,
-        env=proxy_env(tree),
+        env={**os.environ, "PYTHONPATH": str(tree)},
         stdout=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
     )

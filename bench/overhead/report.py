@@ -53,12 +53,8 @@ def _same_cell(lat: dict[str, Any], long: dict[str, Any] | None, name: str) -> s
     if name == "direct":
         return "(reference)"
     n, same = entry["requests"], entry["identical_to_direct"]
-    long_entry = (long or {}).get("modes", {}).get(name)
-    note = (
-        "; long stream differs in size"
-        if long_entry and not long_entry["same_size_as_direct"]
-        else ""
-    )
+    long_entry = (long or {}).get("modes", {}).get(name) or {}
+    note = "" if long_entry.get("same_size_as_direct", True) else "; long stream differs in size"
     if same == n:
         return "yes" + note
     return ("no" if same == 0 else f"no ({n - same} of {n} differ)") + note
@@ -101,10 +97,6 @@ def table(res: dict[str, Any]) -> list[str]:
     return [head, "|---|---|---|---|---|---|---|---|---|"] + [_row(res, n) for n in res["order"]]
 
 
-def _three(values: list[float]) -> str:
-    return " / ".join(f"{x:.2f}" for x in values)
-
-
 def run_lines(res: dict[str, Any]) -> list[str]:
     """Date, machine, code, command and runtime (every bench's report starts with them)."""
     m = res["machine"]
@@ -126,8 +118,8 @@ def header(res: dict[str, Any]) -> list[str]:
     runs = f"long stream: median of {long['runs_per_path']} runs per path" if long else ""
     return [
         *run_lines(res),
-        f"Load average (1/5/15 min) before: {_three(load['before'])}, after: "
-        f"{_three(load['after'])}; other processes' CPU during the run: "
+        f"Load average (1/5/15 min) before: {_ms3(load['before'], sign=False)}, after: "
+        f"{_ms3(load['after'], sign=False)}; other processes' CPU during the run: "
         f"{load['other_cores']:.2f} cores  ",
         f"Sizes: {lat['rounds']} rounds per kind (warm-up {lat['warmup']}), paths in a fresh "
         f"random order each round, kinds alternating in blocks of {lat['block']} rounds; {runs}"
@@ -151,55 +143,39 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "**no**"
 
 
-def _judged(res: dict[str, Any], name: str, tracker: dict[str, Any] | None) -> list[Any]:
-    """``name``'s figure for each target as (what, figure, met), ``None`` where not run."""
-    lat, rows = res["latency"], []
+def _judged(res: dict[str, Any], name: str, tracker: Any) -> list[tuple[str, Any]]:
+    """Each target: what it asks, and ``name``'s figure with whether it is met (or None)."""
+    lat, long, out = res["latency"], res.get("long_stream") or {}, []
     for kind, what, limit in (
         ("stream", f"{lat['stream_sse_events']}-event stream", STREAM_OVER_BARE_MS),
         ("plain", f"{lat['plain_body_bytes']}-byte JSON reply", JSON_OVER_BARE_MS),
     ):
         got = _over_bare(lat, kind, name)
         q = " / ".join(f"{x:+.3f}" for x in got[1]) if got else ""
-        rows.append(
-            (
-                f"{what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms",
-                got and (f"{got[0]:+.3f} ms (quarters of the rounds: {q})", got[0] <= limit),
-            )
-        )
-    long = res.get("long_stream") or {}
+        fig = got and (f"{got[0]:+.3f} ms (quarters of the rounds: {q})", got[0] <= limit)
+        out.append((f"{what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms", fig))
     ratio = long.get("modes", {}).get(name, {}).get("ratio_to_direct")
-    rows.append(
-        (
-            f"{long.get('sse_events', 0):,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× direct's "
-            "events/s (median)",
-            ratio is not None and (f"{ratio:.2f}×", ratio >= LONG_STREAM_RATIO),
-        )
-    )
-    us = tracker["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"] if tracker else None
-    rows.append(
-        (
-            f"analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per "
-            "chunk, median)",
-            us is not None and (f"{us:.2f} µs", us <= ANALYSIS_US_PER_EVENT),
-        )
-    )
-    return rows
+    what = f"{long.get('sse_events', 0):,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× direct's"
+    fig = None if ratio is None else (f"{ratio:.2f}×", ratio >= LONG_STREAM_RATIO)
+    out.append((what + " events/s (median)", fig))
+    us = tracker and tracker["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"]
+    what = f"analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per chunk"
+    out.append((what + ", median)", us and (f"{us:.2f} µs", us <= ANALYSIS_US_PER_EVENT)))
+    return out
 
 
 def targets(res: dict[str, Any]) -> list[str]:
     """The relay bench's targets, each with timing-proxy's figure and whether it is met
     (and beside it, with ``--baseline``, the baseline's figure and its own verdict)."""
-    ours = _judged(res, PROXY, res.get("tracker"))
-    base = BASELINE in res["paths"] and _judged(res, BASELINE, res.get("tracker_baseline"))
-    lines = ["| Target | timing-proxy | met |", "|---|---|---|"]
-    if base:
-        lines = [f"| Target | {BASELINE} (met) | timing-proxy | met |", "|---|---|---|---|"]
+    ours, base = _judged(res, PROXY, res.get("tracker")), None
+    if BASELINE in res["paths"]:
+        base = _judged(res, BASELINE, res.get("tracker_baseline"))
+    cols = [f"{BASELINE} (met)"] * bool(base) + ["timing-proxy", "met"]
+    lines = ["| Target | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for i, (what, got) in enumerate(ours):
-        if not got:
-            continue
         then = base[i][1] if base else None
-        cells = [what, *([f"{then[0]} ({_yes(then[1])})" if then else "–"] if base else [])]
-        lines.append("| " + " | ".join([*cells, got[0], _yes(got[1])]) + " |")
+        was = [f"{then[0]} ({_yes(then[1])})" if then else "–"] if base else []
+        lines += ["| " + " | ".join([what, *was, got[0], _yes(got[1])]) + " |"] if got else []
     return [*lines, ""]
 
 
@@ -218,11 +194,9 @@ def tracker_table(tr: dict[str, Any], base: dict[str, Any] | None = None) -> lis
     for name in ("1_event_per_chunk", "4_events_per_chunk", "64_KiB_reads"):
         cells = [f"{t[name]['tracker']['cpu_us_per_event_median']:.2f}" for _, t in trees]
         lines.append(f"| {name.replace('_', ' ')} | " + " | ".join(cells) + " |")
-    ref = [
-        f"{t['reference_orjson_loads_every_event']['cpu_us_per_event_median']:.2f}"
-        for _, t in trees
-    ]
-    return [*lines, "| (for scale: `orjson.loads` of every event) | " + " | ".join(ref) + " |"]
+    ref = (t["reference_orjson_loads_every_event"]["cpu_us_per_event_median"] for _, t in trees)
+    cells = " | ".join(f"{us:.2f}" for us in ref)
+    return [*lines, f"| (for scale: `orjson.loads` of every event) | {cells} |"]
 
 
 def report(res: dict[str, Any]) -> str:

@@ -1,11 +1,9 @@
 """The analysis cost in-process (no I/O): a long stream's bytes fed to ``StreamTracker`` one
 event per chunk, four per chunk and in 64 KiB reads cut mid-event, and for scale
-``orjson.loads`` of every event. CPU µs per event, min and median of the repetitions.
-
-Each repetition of each tree (the checkout, a ``--baseline`` one) is a fresh process,
-``python bench/overhead/tracker_cost.py TREE``: it imports TREE's ``proxy`` (both trees are
-the package ``proxy``), reads the same events (pickled) from stdin, measures once to warm
-up, then once more for the figures it prints."""
+``orjson.loads`` of every event; CPU µs per event, min and median of the repetitions. Each
+repetition of each tree (the checkout, a ``--baseline`` one: both are the package ``proxy``)
+is a process of its own, ``python bench/overhead/tracker_cost.py TREE``: it imports TREE's
+tracker, reads the events from stdin, runs once to warm up, then once for the figures."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from statistics import median
@@ -27,8 +24,8 @@ import orjson
 ORJSON = "reference_orjson_loads_every_event"
 
 
-def cpu_us_per_event(fn: Callable[[], object], n: int) -> float:
-    """CPU µs per event of one run of ``fn`` over ``n`` events."""
+def cpu_us_per_event(fn: Any, n: int) -> float:
+    """CPU µs per event of one call of ``fn`` over ``n`` events."""
     gc.collect()
     c0 = time.process_time()
     fn()
@@ -36,8 +33,7 @@ def cpu_us_per_event(fn: Callable[[], object], n: int) -> float:
 
 
 def run_tracker(tracker: Any, chunks: list[bytes], n: int, tokens: int) -> None:
-    """Feed ``chunks`` to a ``tracker`` class's instance and finish it; fail if it saw the
-    stream wrongly."""
+    """Feed ``chunks`` to a ``tracker`` (class) and finish it; fail if it saw them wrongly."""
     tr = tracker(time.perf_counter(), sse=True)
     feed = tr.feed
     for c in chunks:
@@ -49,8 +45,7 @@ def run_tracker(tracker: Any, chunks: list[bytes], n: int, tokens: int) -> None:
 
 
 def measure(tracker: Any, events: list[bytes], tokens: int) -> dict[str, float]:
-    """CPU µs per event of one run of ``tracker`` (a ``StreamTracker`` class) per chunking
-    of ``events``, and of ``orjson.loads`` of every event's data (``[DONE]``'s aside)."""
+    """CPU µs per event of ``tracker`` per chunking of ``events``, and of ``orjson.loads``."""
     n, whole = len(events), b"".join(events)
     chunkings = {
         "1_event_per_chunk": events,
@@ -58,18 +53,17 @@ def measure(tracker: Any, events: list[bytes], tokens: int) -> dict[str, float]:
         "64_KiB_reads": [whole[i : i + 65536] for i in range(0, len(whole), 65536)],
     }
     out = {
-        name: cpu_us_per_event(partial(run_tracker, tracker, chunks, n, tokens), n)
-        for name, chunks in chunkings.items()
+        k: cpu_us_per_event(partial(run_tracker, tracker, c, n, tokens), n)
+        for k, c in chunkings.items()
     }
-    datas = [e[6:-2] for e in events[:-1]]
+    datas = [e[6:-2] for e in events[:-1]]  # every event's data but ``[DONE]``
     out[ORJSON] = cpu_us_per_event(partial(lambda ds: [orjson.loads(d) for d in ds], datas), n)
     return out
 
 
 def tracker_cpu(tokens: int, reps: int, trees: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Per tree (name → checkout), the costs of its tracker for a stream of ``tokens`` tokens
-    (the checkout's fake): ``reps`` repetitions, each a process of its own, the trees in a
-    fresh random order each time; min and median CPU µs per event of each measure."""
+    """Per tree (name → checkout), the costs for the checkout's fake stream of ``tokens``
+    tokens: ``reps`` repetitions, the trees in a fresh random order each time."""
     from tests.fakes import llama_stream
 
     events = llama_stream(tokens)
@@ -82,26 +76,21 @@ def tracker_cpu(tokens: int, reps: int, trees: dict[str, Path]) -> dict[str, dic
             runs[name].append(json.loads(done.stdout))
     out: dict[str, dict[str, Any]] = {}
     for name, got in runs.items():
-        info = {"tokens": tokens, "sse_events": len(events), "reps": reps, "tree": str(trees[name])}
+        out[name] = {"tokens": tokens, "sse_events": len(events), "reps": reps}
         for key in got[0]:
             us = [r[key] for r in got]
             cost = {"cpu_us_per_event_min": min(us), "cpu_us_per_event_median": median(us)}
-            info[key] = cost if key == ORJSON else {"tracker": cost}
-        out[name] = info
+            out[name][key] = cost if key == ORJSON else {"tracker": cost}
     return out
 
 
-def _main(tree: str) -> None:
-    sys.path[0] = tree  # not bench/overhead: its modules' names must not shadow any
+if __name__ == "__main__":
+    sys.path[0] = sys.argv[1]  # TREE, not bench/overhead: no module of it shadows another
     from proxy.core.tracker import StreamTracker
 
-    module = sys.modules[StreamTracker.__module__].__file__ or ""
-    if not Path(module).resolve().is_relative_to(Path(tree).resolve()):
-        raise SystemExit(f"imported {module}, not {tree}'s tracker")
+    where = sys.modules[StreamTracker.__module__].__file__ or ""
+    if not Path(where).resolve().is_relative_to(Path(sys.argv[1]).resolve()):
+        raise SystemExit(f"imported {where}, not the tracker of {sys.argv[1]}")
     events, tokens = pickle.loads(sys.stdin.buffer.read())
     measure(StreamTracker, events, tokens)  # warm-up: first calls, caches, lazy imports
     print(json.dumps(measure(StreamTracker, events, tokens)))
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1])

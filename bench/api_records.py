@@ -48,12 +48,7 @@ COMMON = {"model": "gemma", "temperature": 0, "stream": True}
 COMMON["chat_template_kwargs"] = {"enable_thinking": False}
 
 
-def fields(names: str) -> tuple[str, ...]:
-    """Record fields named in one string, space-separated."""
-    return tuple(names.split())
-
-
-RECORD_FIELDS = fields(
+RECORD_FIELDS = (  # the record's fields to show, space-separated
     "api kind outcome ttfb_ms ttft_ms e2e_ms prompt_n cache_n predicted_n prefill_ms "
     "decode_ms tool_calls tool_call_valid tool_call_ms finish_reason token_events "
     "schema_tokens schema_cached schema_prefill_ms tool_args_tokens"
@@ -198,19 +193,15 @@ def _send(base: str, path: str, body: dict[str, Any], marks: tuple[bytes, ...]) 
     }
 
 
-def _record(
-    log: Path,
-    request_id: str | None,
-    within: float = 30.0,
-    fields: Sequence[str] = RECORD_FIELDS,
-) -> dict[str, Any]:
-    """The ``fields`` of one request's record in the proxy's log, waiting up to ``within``."""
-    deadline = time.monotonic() + within
+def _record(log: Path, request_id: str | None, fields: str = RECORD_FIELDS) -> dict[str, Any]:
+    """The ``fields`` (space-separated) of one request's record in the proxy's log, waiting
+    up to 30 s."""
+    deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:
         for line in log.read_text().splitlines():
             event = json.loads(line)
             if event.get("event") == "request_completed" and event.get("id") == request_id:
-                return {k: event.get(k) for k in fields}
+                return {k: event.get(k) for k in fields.split()}
         time.sleep(0.1)
     raise SystemExit(f"no record for {request_id} in {log}")
 

@@ -34,20 +34,18 @@ from typing import Any
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
-from api_records import _events, _post, _proxy, _record, _send, _upstream, fields  # noqa: E402 - bench/ is this script's own folder
+from api_records import _events, _post, _proxy, _record, _send, _upstream  # noqa: E402 - bench/ is this script's own folder
 
 from tests.images_fixture import data_url, solid_png, write_gemma3_projector  # noqa: E402
 
 POWER_MW = 5000
 FAKE_TEGRASTATS = CHECKOUT / "tests" / "fake_tegrastats.py"
-IMAGE_FIELDS = fields(
+IMAGE_FIELDS = (
     "images image_tokens image_tokens_each images_cached image_prefill_ms prompt_n "
     "cache_n prefill_ms accounting_error"
 )
-DRAFT_FIELDS = fields(
-    "predicted_n decode_ms decode_tok_s draft_n draft_n_accepted draft_acceptance"
-)
-BOARD_FIELDS = fields(
+DRAFT_FIELDS = "predicted_n decode_ms decode_tok_s draft_n draft_n_accepted draft_acceptance"
+BOARD_FIELDS = (
     "e2e_ms predicted_n energy_mj energy_mj_per_token power_w_avg gpu_busy_pct ram_used_mb "
     "temp_max_c telemetry_error"
 )

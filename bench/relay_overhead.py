@@ -1,14 +1,8 @@
 #!/usr/bin/env python3
 """timing-proxy's cost on the relay path, in one interleaved run against a fast fake
-llama-server on loopback: direct, a bare aiohttp relay (the reference) and timing-proxy, then
-the analysis cost per event in-process.
-
-    .venv/bin/python bench/relay_overhead.py [--quick] [--rounds N] [--out FILE]
-
-It prints Markdown (the targets, one row per path, the analysis cost) and writes
-``bench/results/relay_overhead-<UTC time>.json``. Its hidden ``--role`` runs the fake
-upstream and the bare relay, each in a process of its own. The machinery is
-``bench/overhead/``; the method is in docs/performance.md.
+llama-server on loopback: direct, a bare aiohttp relay (the reference), timing-proxy (and
+with ``--baseline DIR`` the timing-proxy of the checkout DIR), then the analysis cost per
+event. Options, report and method: bench/README.md and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -40,38 +34,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "relay_overhead",
         SIZES,
     )
-    p.add_argument(
-        "--role",
-        choices=["bench", "upstream", "bare-relay"],
-        default="bench",
-        help=argparse.SUPPRESS,
-    )
+    p.add_argument("--role", choices=["upstream", "bare-relay"], help=argparse.SUPPRESS)
     p.add_argument("--upstream", help=argparse.SUPPRESS)  # for the bare-relay role
+    p.add_argument("--baseline", type=Path, metavar="DIR", help="also the checkout DIR's proxy")
     return parse_sizes(p, argv, SIZES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve a role, or run: the JSON file, then the report on stdout."""
     args = parse_args(argv)
-    if args.role == "upstream":
-        from bench.overhead.servers import run_upstream
+    if args.role:  # a server of the run, in a process of its own
+        from bench.overhead import servers
 
-        run_upstream()
-        return 0
-    if args.role == "bare-relay":
-        from bench.overhead.servers import run_bare_relay
-
-        run_bare_relay(args.upstream)
+        if args.role == "upstream":
+            servers.run_upstream()
+        else:
+            servers.run_bare_relay(args.upstream)
         return 0
     from bench.overhead.machine import save_run
-    from bench.overhead.report import report
-    from bench.overhead.run import RELAYS, run_paths
+    from bench.overhead.procs import ROOT
+    from bench.overhead.report import BASELINE, PROXY, report
+    from bench.overhead.run import RELAYS, baseline_path, run_paths
     from bench.overhead.tracker_cost import tracker_cpu
 
-    res = asyncio.run(run_paths(args, RELAYS, "bench/relay_overhead.py"))
+    base = {BASELINE: args.baseline} if args.baseline else {}
+    paths = RELAYS | {name: baseline_path(tree) for name, tree in base.items()}
+    res = asyncio.run(run_paths(args, paths, "bench/relay_overhead.py"))
     if args.tracker_reps > 0:
         print("[bench] in-process analysis", file=sys.stderr, flush=True)
-        res["tracker"] = tracker_cpu(args.long_tokens, args.tracker_reps)
+        costs = tracker_cpu(args.long_tokens, args.tracker_reps, {PROXY: ROOT} | base)
+        res["tracker"], res["tracker_baseline"] = costs[PROXY], costs.get(BASELINE)
     save_run(res, report(res), "relay_overhead", args.out)
     return 0
 

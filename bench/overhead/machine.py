@@ -23,7 +23,7 @@ def machine_cpu() -> float:
     return (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")  # user nice sys irq sirq
 
 
-def _first(cmd: list[str], default: str | None = None) -> str | None:
+def first_line(cmd: list[str], default: str | None = None) -> str | None:
     """The first line of a read-only command's output (``git``, ``node``), or ``default``."""
     try:
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
@@ -45,9 +45,9 @@ def machine_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "aiohttp": aiohttp.__version__,
-        "node": _first(["node", "--version"]),
-        "git_commit": _first(["git", "rev-parse", "--short", "HEAD"]),
-        "proxy_dir_modified": bool(_first(["git", "status", "--porcelain", "--", "proxy"], "")),
+        "node": first_line(["node", "--version"]),
+        "git_commit": first_line(["git", "rev-parse", "--short", "HEAD"]),
+        "proxy_dir_modified": bool(first_line(["git", "status", "--porcelain", "--", "proxy"], "")),
         "load_average": os.getloadavg(),
     }
 

@@ -46,24 +46,6 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants."""
-    total = 0.0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(p)
-    return total
-
-
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory (``VmRSS``) of ``pid`` and its live descendants, MiB."""
-    kib = 0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
-            kib += next((int(x.split()[1]) for x in fh if x.startswith("VmRSS:")), 0)
-    return kib / 1024
-
-
 @dataclass
 class Proc:
     """One started process, the URL it serves, and a timing-proxy's admin URL."""
@@ -78,10 +60,20 @@ class Proc:
         return self.popen.pid
 
     def cpu(self) -> float:
-        return tree_cpu_seconds(self.pid)
+        """CPU seconds of the process and its live descendants."""
+        total = 0.0
+        for p in tree_pids(self.pid):
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                total += cpu_seconds(p)
+        return total
 
     def rss_mib(self) -> float:
-        return tree_rss_mib(self.pid)
+        """Resident memory (``VmRSS``) of the process and its live descendants, MiB."""
+        kib = 0
+        for p in tree_pids(self.pid):
+            with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
+                kib += next((int(x.split()[1]) for x in fh if x.startswith("VmRSS:")), 0)
+        return kib / 1024
 
     def stop(self) -> None:
         """SIGINT, then SIGKILL after 10 s: this process only, by its id."""
@@ -111,17 +103,27 @@ def start_role(role: str, *args: str) -> Proc:
 
 
 def start_proxy(
-    name: str, upstream: str, tmp: Path, log_file: Path | None = None, config: str = ""
+    name: str,
+    upstream: str,
+    tmp: Path,
+    log_file: Path | None = None,
+    config: str = "",
+    tree: Path = ROOT,
 ) -> Proc:
-    """``python -m proxy serve`` as a user runs it (the JSON log line per request on, stdout
-    to /dev/null; ``log_file`` also keeps it), a pool for 200 streams, ``config`` added."""
+    """``python -m proxy serve`` of ``tree`` as a user runs it (the JSON log line per request
+    on, stdout to /dev/null; ``log_file`` also keeps it), a pool for 200 streams, ``config``
+    added."""
     (tmp / f"{name}.toml").write_text("[upstream]\nmax_connections = 256\n" + config)
     port, admin_port = free_port(HOST), free_port(HOST)
     args = ["serve", "--config", str(tmp / f"{name}.toml"), "--upstream", upstream]
     args += ["--listen", f"{HOST}:{port}", "--admin-listen", f"{HOST}:{admin_port}"]
     args += ["--log-file", str(log_file)] if log_file is not None else []
     popen = subprocess.Popen(
-        [PY, "-m", "proxy", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        [PY, "-m", "proxy", *args],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        stdout=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
     )
     return Proc(name, popen, f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}")
 

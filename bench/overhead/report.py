@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 BARE, PROXY = "bare-relay", "timing-proxy"
+BASELINE = "timing-proxy (baseline)"
 STREAM_OVER_BARE_MS = 0.10
 """Target: timing-proxy's added p50 per 100-event stream at most this over the bare relay's."""
 JSON_OVER_BARE_MS = 0.05
@@ -52,12 +53,8 @@ def _same_cell(lat: dict[str, Any], long: dict[str, Any] | None, name: str) -> s
     if name == "direct":
         return "(reference)"
     n, same = entry["requests"], entry["identical_to_direct"]
-    long_entry = (long or {}).get("modes", {}).get(name)
-    note = (
-        "; long stream differs in size"
-        if long_entry and not long_entry["same_size_as_direct"]
-        else ""
-    )
+    long_entry = (long or {}).get("modes", {}).get(name) or {}
+    note = "" if long_entry.get("same_size_as_direct", True) else "; long stream differs in size"
     if same == n:
         return "yes" + note
     return ("no" if same == 0 else f"no ({n - same} of {n} differ)") + note
@@ -100,10 +97,6 @@ def table(res: dict[str, Any]) -> list[str]:
     return [head, "|---|---|---|---|---|---|---|---|---|"] + [_row(res, n) for n in res["order"]]
 
 
-def _three(values: list[float]) -> str:
-    return " / ".join(f"{x:.2f}" for x in values)
-
-
 def run_lines(res: dict[str, Any]) -> list[str]:
     """Date, machine, code, command and runtime (every bench's report starts with them)."""
     m = res["machine"]
@@ -125,23 +118,23 @@ def header(res: dict[str, Any]) -> list[str]:
     runs = f"long stream: median of {long['runs_per_path']} runs per path" if long else ""
     return [
         *run_lines(res),
-        f"Load average (1/5/15 min) before: {_three(load['before'])}, after: "
-        f"{_three(load['after'])}; other processes' CPU during the run: "
+        f"Load average (1/5/15 min) before: {_ms3(load['before'], sign=False)}, after: "
+        f"{_ms3(load['after'], sign=False)}; other processes' CPU during the run: "
         f"{load['other_cores']:.2f} cores  ",
         f"Sizes: {lat['rounds']} rounds per kind (warm-up {lat['warmup']}), paths in a fresh "
         f"random order each round, kinds alternating in blocks of {lat['block']} rounds; {runs}"
         + ("  " if versions else ""),
-        *(["Peers: " + ", ".join(versions)] if versions else []),
+        *(["Versions: " + ", ".join(versions)] if versions else []),
         "",
     ]
 
 
-def _over_bare(lat: dict[str, Any], kind: str) -> tuple[float, list[float]] | None:
-    """timing-proxy's added p50 minus the bare relay's, whole run and per quarter."""
+def _over_bare(lat: dict[str, Any], kind: str, name: str) -> tuple[float, list[float]] | None:
+    """``name``'s added p50 minus the bare relay's, whole run and per quarter."""
     k = lat["kinds"][kind]
-    if PROXY not in k or BARE not in k:
+    if name not in k or BARE not in k:
         return None
-    p, b = k[PROXY]["added_ms"], k[BARE]["added_ms"]
+    p, b = k[name]["added_ms"], k[BARE]["added_ms"]
     quarters = [x - y for x, y in zip(p["quarters_p50"], b["quarters_p50"], strict=True)]
     return p["median_diff"] - b["median_diff"], quarters
 
@@ -150,57 +143,65 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "**no**"
 
 
-def targets(res: dict[str, Any]) -> list[str]:
-    """The relay bench's targets, each with its figure and whether it is met."""
-    lat, lines = res["latency"], ["| Target | timing-proxy | met |", "|---|---|---|"]
+def _judged(res: dict[str, Any], name: str, tracker: Any) -> list[tuple[str, Any]]:
+    """Each target: what it asks, and ``name``'s figure with whether it is met (or None)."""
+    lat, long, out = res["latency"], res.get("long_stream") or {}, []
     for kind, what, limit in (
         ("stream", f"{lat['stream_sse_events']}-event stream", STREAM_OVER_BARE_MS),
         ("plain", f"{lat['plain_body_bytes']}-byte JSON reply", JSON_OVER_BARE_MS),
     ):
-        if (got := _over_bare(lat, kind)) is not None:
-            quarters = " / ".join(f"{q:+.3f}" for q in got[1])
-            lines.append(
-                f"| {what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms | "
-                f"{got[0]:+.3f} ms (quarters of the rounds: {quarters}) | {_yes(got[0] <= limit)} |"
-            )
-    long = (res.get("long_stream") or {}).get("modes", {}).get(PROXY)
-    if long is not None:
-        ratio = long["ratio_to_direct"]
-        lines.append(
-            f"| {res['long_stream']['sse_events']:,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× "
-            f"direct's events/s (median) | {ratio:.2f}× | {_yes(ratio >= LONG_STREAM_RATIO)} |"
-        )
-    if tr := res.get("tracker"):
-        us = tr["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"]
-        lines.append(
-            f"| analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per "
-            f"chunk, median) | {us:.2f} µs | {_yes(us <= ANALYSIS_US_PER_EVENT)} |"
-        )
+        got = _over_bare(lat, kind, name)
+        q = " / ".join(f"{x:+.3f}" for x in got[1]) if got else ""
+        fig = got and (f"{got[0]:+.3f} ms (quarters of the rounds: {q})", got[0] <= limit)
+        out.append((f"{what}: added p50 over the bare aiohttp relay ≤ +{limit:.2f} ms", fig))
+    ratio = long.get("modes", {}).get(name, {}).get("ratio_to_direct")
+    what = f"{long.get('sse_events', 0):,}-event stream ≥ {LONG_STREAM_RATIO:.1f}× direct's"
+    fig = None if ratio is None else (f"{ratio:.2f}×", ratio >= LONG_STREAM_RATIO)
+    out.append((what + " events/s (median)", fig))
+    us = tracker and tracker["1_event_per_chunk"]["tracker"]["cpu_us_per_event_median"]
+    what = f"analysis in-process ≤ {ANALYSIS_US_PER_EVENT:.0f} µs per event (one event per chunk"
+    out.append((what + ", median)", us and (f"{us:.2f} µs", us <= ANALYSIS_US_PER_EVENT)))
+    return out
+
+
+def targets(res: dict[str, Any]) -> list[str]:
+    """The relay bench's targets, each with timing-proxy's figure and whether it is met
+    (and beside it, with ``--baseline``, the baseline's figure and its own verdict)."""
+    ours, base = _judged(res, PROXY, res.get("tracker")), None
+    if BASELINE in res["paths"]:
+        base = _judged(res, BASELINE, res.get("tracker_baseline"))
+    cols = [f"{BASELINE} (met)"] * bool(base) + ["timing-proxy", "met"]
+    lines = ["| Target | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for i, (what, got) in enumerate(ours):
+        then = base[i][1] if base else None
+        was = [f"{then[0]} ({_yes(then[1])})" if then else "–"] if base else []
+        lines += ["| " + " | ".join([what, *was, got[0], _yes(got[1])]) + " |"] if got else []
     return [*lines, ""]
 
 
-def tracker_table(tr: dict[str, Any]) -> list[str]:
+def tracker_table(tr: dict[str, Any], base: dict[str, Any] | None = None) -> list[str]:
     """CPU µs per event of the tracker (its framer included) per chunking, median of the
-    repetitions, and ``orjson.loads`` of every event for scale."""
+    repetitions, and ``orjson.loads`` of every event for scale; with ``base``, the
+    baseline's beside."""
+    trees = [("timing-proxy", tr), *([(BASELINE, base)] if base else [])]
     lines = [
         f"In-process analysis of a {tr['sse_events']:,}-event stream (CPU µs per event, median of "
-        f"{tr['reps']} repetitions):",
+        f"{tr['reps']} repetitions, each a process of its own after a warm-up run):",
         "",
-        "| Chunking | framer + tracker |",
-        "|---|---|",
+        "| Chunking | " + " | ".join(f"framer + tracker: {n}" for n, _ in trees) + " |",
+        "|---|" + "---|" * len(trees),
     ]
     for name in ("1_event_per_chunk", "4_events_per_chunk", "64_KiB_reads"):
-        t = tr[name]
-        lines.append(
-            f"| {name.replace('_', ' ')} | {t['tracker']['cpu_us_per_event_median']:.2f} |"
-        )
-    ref = tr["reference_orjson_loads_every_event"]["cpu_us_per_event_median"]
-    return [*lines, f"| (for scale: `orjson.loads` of every event) | {ref:.2f} |"]
+        cells = [f"{t[name]['tracker']['cpu_us_per_event_median']:.2f}" for _, t in trees]
+        lines.append(f"| {name.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    ref = (t["reference_orjson_loads_every_event"]["cpu_us_per_event_median"] for _, t in trees)
+    scale = " | ".join(f"{us:.2f}" for us in ref)
+    return [*lines, f"| (for scale: `orjson.loads` of every event) | {scale} |"]
 
 
 def report(res: dict[str, Any]) -> str:
     """The relay bench's report: header, targets, the paths' table, the analysis cost."""
     lines = [*header(res), *targets(res), *table(res)]
     if tr := res.get("tracker"):
-        lines += ["", *tracker_table(tr)]
+        lines += ["", *tracker_table(tr, res.get("tracker_baseline"))]
     return "\n".join(lines)

@@ -10,16 +10,18 @@ import asyncio
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.overhead.machine import command_line, machine_cpu, machine_info
+from bench.overhead.machine import command_line, first_line, machine_cpu, machine_info
 from bench.overhead.measure import (
     KINDS,
     Rig,
@@ -28,8 +30,8 @@ from bench.overhead.measure import (
     measure_latency,
     measure_long_stream,
 )
-from bench.overhead.procs import Proc, start_proxy, start_role, wait_ready
-from bench.overhead.report import BARE, PROXY
+from bench.overhead.procs import PY, ROOT, Proc, start_proxy, start_role, wait_ready
+from bench.overhead.report import BARE, BASELINE, PROXY
 from proxy.core.timestamps import iso_utc
 from tests.fakes import llama_event_count, llama_plain_body
 
@@ -100,9 +102,22 @@ class PathSpec:
     version: str | None = None
 
 
-def start_timing_proxy(upstream: str, tmp: Path) -> Started:
-    proc = start_proxy(PROXY, upstream, tmp)
+def start_timing_proxy(upstream: str, tmp: Path, name: str = PROXY, tree: Path = ROOT) -> Started:
+    proc = start_proxy(name, upstream, tmp, tree=tree)
     return Started(proc, ready_url=proc.admin_url + "/stats")  # answers once the proxy listens
+
+
+def baseline_path(tree: Path) -> PathSpec:
+    """timing-proxy as the checkout ``tree`` has it; checked: ``python -m proxy`` there
+    imports ``tree``'s package. Its version: the tree's commit."""
+    probe = [PY, "-c", "import proxy; print(proxy.__file__)"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    got = subprocess.run(probe, cwd=tree, env=env, capture_output=True, text=True).stdout
+    if not Path(got.strip()).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"python -m proxy in {tree} does not import its proxy/: {got!r}")
+    commit = first_line(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], str(tree))
+    launch = partial(start_timing_proxy, name=BASELINE, tree=tree)
+    return PathSpec(launch, f"the same, as the code at {commit} has it", True, f"{commit} ({tree})")
 
 
 def start_bare_relay(upstream: str, tmp: Path) -> Started:
@@ -153,10 +168,8 @@ def _targets(upstream: Proc, started: dict[str, Started]) -> dict[str, Target]:
     import aiohttp
 
     def sessions(headers: dict[str, str]) -> dict[str, Any]:
-        connector = aiohttp.TCPConnector
-        return {
-            k: aiohttp.ClientSession(connector=connector(limit=0), headers=headers) for k in KINDS
-        }
+        new = aiohttp.ClientSession
+        return {k: new(connector=aiohttp.TCPConnector(limit=0), headers=headers) for k in KINDS}
 
     out = {"direct": Target("direct", upstream.url, None, sessions({}))}
     for name, s in started.items():

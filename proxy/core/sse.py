@@ -19,16 +19,17 @@ ignored unparsed, and ``oversized`` counts it. LF-only input (llama-server's
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["SSEEvent", "SSEFramer"]
 
 _BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
-    """One dispatched event; ``id`` is the last event ID in force when it was dispatched."""
+class SSEEvent(NamedTuple):
+    """One dispatched event; ``id`` is the last event ID in force when it was dispatched.
+    Immutable; a named tuple, which costs a third of a frozen dataclass to make, once per
+    event of every stream."""
 
     data: bytes
     event: str = "message"

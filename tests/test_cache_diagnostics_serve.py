@@ -330,7 +330,32 @@ async def test_responses_clock_change_is_input_changed(
     assert parsed.reason == "input_changed"
     assert record.prefill_lost_tokens is not None and record.prefill_lost_tokens > 0
     assert parsed.cache_missed_tokens == record.prefill_lost_tokens
-    assert response["prompt_cache_diagnostics"]["timing_proxy"]["cause"] == "system_prompt_changed"
+    ours = response["prompt_cache_diagnostics"]["timing_proxy"]
+    assert ours["cause"] == "system_prompt_changed"
+    if stream:  # at the fake's 2 ms a prompt token, from the event's own timings
+        assert ours["missed_ms"] == pytest.approx(parsed.cache_missed_tokens * 2.0)
+
+
+async def test_an_annotated_stream_gets_both(
+    fake_llama: tuple[FakeLlama, TestServer], make_proxy: ProxyFactory
+) -> None:
+    """A stream both annotated and asking for diagnostics gets the comment line and the
+    answer in ``message_start``; every other byte is the upstream's."""
+    llama, server = fake_llama
+    proxy = await started(make_proxy, server)
+    await post(proxy, "/v1/messages", messages_body())
+    await wait_record(proxy, 1)
+    resp = await proxy.client.post(
+        "/v1/messages",
+        json=messages_body(stream=True, **anthropic_option("chatcmpl-x")),
+        headers={"X-Timing-Proxy-Annotate": "1"},
+    )
+    raw = await resp.read()
+    answer = events(raw)["message_start"]["message"]["diagnostics"]
+    assert answer == {"cache_miss_reason": {"type": "previous_message_not_found"}}
+    comment = next(line for line in raw.split(b"\n") if line.startswith(b": timing-proxy "))
+    member = b',"diagnostics":' + orjson.dumps(answer)
+    assert raw.replace(member, b"").replace(comment + b"\n\n", b"") == llama.sent[-1]
 
 
 async def test_an_unknown_id_is_not_found(

@@ -102,11 +102,13 @@ class Comparisons:
         pending: Pending | None,
         usage: ServerTimings | None,
         flush: Callable[[], None],
+        own_rate: float | None = None,
     ) -> Diagnosis | None:
         """The diagnosis of this request against the response it names (None: it names
         none); ``unavailable`` when its prompt or counts are not known in time, or its
         rendering is not the prompt llama-server evaluated. ``flush`` hands off the records
-        of exchanges that ended (a response that just ended is then known)."""
+        of exchanges that ended (a response that just ended is then known). The missed ms
+        are at the reference rate, else at ``own_rate`` (this response's ``timings``)."""
         if asking.previous is None:
             return None
         prompt = await _rendered(pending)
@@ -129,7 +131,7 @@ class Comparisons:
             offset=offset,
             prompt_tokens=prompt_tokens,
             cache_n=usage.cache_n,
-            ms_per_token=self._rate(),
+            ms_per_token=self._rate() or own_rate,
         )
 
 
@@ -201,10 +203,16 @@ class Diagnosing:
     async def _member(self, obj: object) -> tuple[str, object]:
         """The answer's field and value for the body or event ``obj`` (its usage)."""
         flight = self._flight
-        usage = flight.facts.dialect.usage(obj) if isinstance(obj, dict) else None
+        usage = timings = None
+        if isinstance(obj, dict):
+            usage = flight.facts.dialect.usage(obj)
+            timings = ServerTimings.from_json(obj.get("timings"))
+        rate = None
+        if timings is not None and timings.prompt_ms and timings.prompt_n:
+            rate = timings.prompt_ms / timings.prompt_n
         try:
             diagnosis = await self._comparisons.diagnosis(
-                self._asking, flight.beside.pending, usage, self._flush
+                self._asking, flight.beside.pending, usage, self._flush, rate
             )
         except Exception as exc:  # the answer must never disturb the relay
             flight.beside.annotate_error = f"diagnostics: {type(exc).__name__}"

@@ -425,3 +425,40 @@ async def test_an_unchanged_next_turn_says_nothing_was_missed(
     raw, _ = await post(proxy, "/v1/responses", following)
     answer = events(raw)["response.completed"]["response"]["prompt_cache_diagnostics"]
     assert OPENAI.validate_python(answer).type == "cache_hit"
+
+
+async def test_the_kept_prompts_are_bounded_by_the_history(
+    fake_llama: tuple[FakeLlama, TestServer], make_proxy: ProxyFactory
+) -> None:
+    """The proxy keeps as many responses' prompts as the attribution's history: with two,
+    after three responses the first is not found any more, the last one is."""
+    _, server = fake_llama
+    url = str(server.make_url("")).rstrip("/")
+    proxy = await make_proxy(
+        url, accounting={"enabled": True, "attribution": True, "attribution_history": 2}
+    )
+    ids = []
+    for n in range(3):
+        raw, _ = await post(proxy, "/v1/messages", messages_body(f"10:0{n}"))
+        ids.append(orjson.loads(raw)["id"])
+        await wait_record(proxy, n + 1)
+    reasons = []
+    for n, previous in enumerate((ids[0], ids[2])):
+        raw, _ = await post(proxy, "/v1/messages", messages_body(**anthropic_option(previous)))
+        reasons.append(orjson.loads(raw)["diagnostics"]["cache_miss_reason"]["type"])
+        await wait_record(proxy, 4 + n)
+    assert reasons == ["previous_message_not_found", "system_changed"]
+
+
+async def test_a_turn_sent_at_once_finds_the_previous(
+    fake_llama: tuple[FakeLlama, TestServer], make_proxy: ProxyFactory
+) -> None:
+    """A turn naming the response that just ended, sent before that response's record was
+    handed off, still finds it (the records waiting are handed off first)."""
+    _, server = fake_llama
+    proxy = await started(make_proxy, server)
+    raw, _ = await post(proxy, "/v1/messages", messages_body())
+    following = messages_body("10:01", **anthropic_option(orjson.loads(raw)["id"]))
+    raw, _ = await post(proxy, "/v1/messages", following)
+    reason = orjson.loads(raw)["diagnostics"]["cache_miss_reason"]
+    assert reason["type"] == "system_changed"

@@ -3,7 +3,8 @@
 
 :class:`Comparisons` keeps, per response id the proxy relayed (``chatcmpl-…`` of Messages,
 ``resp_…`` of Responses), the prompt of its request as the attribution rendered it (token ids
-and sections, no text) and its model, count-bounded. :class:`Diagnosing` is one asking
+and sections, no text) and its model, as many as the attribution's history keeps
+(``[accounting] attribution_history``). :class:`Diagnosing` is one asking
 request's answer: a plain body is read whole, gets the answer and its new
 ``Content-Length``; a stream is held at the answer's event (Messages' ``message_start``,
 Responses' ``response.completed``) until the answer is ready, at most :data:`WAIT_S`
@@ -41,10 +42,8 @@ from proxy.serve.attribution import Attributor
 from proxy.serve.deadline import Deadlines
 from proxy.serve.flight import Flight
 
-__all__ = ["KEPT", "WAIT_S", "Comparisons", "Diagnosing", "comparisons_for"]
+__all__ = ["WAIT_S", "Comparisons", "Diagnosing", "comparisons_for"]
 
-KEPT = 256
-"""Responses whose prompts are kept to be named by a later request."""
 WAIT_S = 2.0
 """How long an answer waits for its request's rendering (it starts when the request
 arrives, so it is normally done before the first token)."""
@@ -69,7 +68,7 @@ class Comparisons:
         attributor: Attributor,
         rate: Callable[[], float | None],
         clock: Callable[[], float],
-        limit: int = KEPT,
+        limit: int,
     ) -> None:
         self.clock = clock
         """The relay's clock (the tracker's times are on it)."""
@@ -150,10 +149,13 @@ async def _rendered(pending: Pending | None) -> RenderedPrompt | None:
 def comparisons_for(
     accounting: Accounting | None, clock: Callable[[], float]
 ) -> Comparisons | None:
-    """The comparisons of a proxy whose accounting renders prompts (attribution on)."""
-    if accounting is None or accounting.attributor is None:
+    """The comparisons of a proxy whose accounting renders prompts (attribution on), as
+    many responses kept as the attribution's history keeps prompts."""
+    attributor = accounting.attributor if accounting is not None else None
+    if accounting is None or attributor is None:
         return None
-    return Comparisons(accounting.attributor, lambda: accounting.reference_ms_per_token, clock)
+    rate = lambda: accounting.reference_ms_per_token  # noqa: E731
+    return Comparisons(attributor, rate, clock, attributor.history.size)
 
 
 class Diagnosing:

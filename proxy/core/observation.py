@@ -49,3 +49,6 @@ class Observation:
     do not (the dialect's ``body_call_cut``)."""
     arguments_dropped: bool = False
     """The calls' arguments were over ``MAX_ARGUMENT_BYTES``: they are empty here."""
+    response_id: str | None = None
+    """The response's ``id`` (``chatcmpl-…``, ``resp_…``): what an agent names it by when it
+    asks for prompt-cache diagnostics."""

@@ -102,6 +102,7 @@ class StreamTracker:
         self._timings: ServerTimings | None = None
         self._usage: ServerTimings | None = None
         self._model: str | None = None
+        self._response_id: str | None = None
         self._finish: str | None = None
         self._calls = ToolCallAssembly()
         self._error: str | None = None
@@ -228,6 +229,8 @@ class StreamTracker:
     def _read_object(self, obj: dict[str, Any]) -> None:
         if self._model is None:
             self._model = self._dialect.model(obj)
+        if self._response_id is None:
+            self._response_id = self._dialect.response_id(obj)
         timings = ServerTimings.from_json(obj.get("timings"))
         if timings is not None:
             self._timings = timings
@@ -293,6 +296,7 @@ class StreamTracker:
             response_bytes=self._bytes,
             timings=self._timings or self._usage,
             model=self._model,
+            response_id=self._response_id,
             finish_reason=self._finish,
             tool_calls=self._calls.calls(),
             upstream_error=self._error,

@@ -170,6 +170,15 @@ class Attributor:
     def _key(self, model: Any) -> str:
         return model if isinstance(model, str) and self._routed() else ""
 
+    def offset(self, model: Any) -> int:
+        """The tokens llama-server puts before the template's text for ``model`` (the body's
+        name): 0 until a rendering for it asked."""
+        return self._offsets.get(_named(model), 0)
+
+    def cache_key(self, model: Any) -> str:
+        """Whose cache a prompt for ``model`` (the body's name) goes to."""
+        return self._key(model)
+
     def close(self) -> None:
         """Cancel renderings in flight."""
         for task in self._cache.values():

@@ -19,6 +19,7 @@ from proxy.core.record import Kind, Outcome, Record
 from proxy.core.request import RequestFacts
 from proxy.core.tracker import Observation
 from proxy.serve.accounting import Accounting, Pending
+from proxy.serve.diagnosed import Comparisons
 from proxy.serve.flight import Flight
 from proxy.serve.tasks import spawn
 from proxy.serve.telemetry import Telemetry
@@ -49,8 +50,11 @@ class Handoff:
         busy: Callable[[], bool],
         accounting: Accounting | None = None,
         telemetry: Telemetry | None = None,
+        comparisons: Comparisons | None = None,
     ) -> None:
+        """``comparisons`` keep each response's prompt by its id (prompt-cache diagnostics)."""
         self._on_record = on_record
+        self._comparisons = comparisons
         self._clock = clock
         self._busy = busy
         self._accounting = accounting
@@ -132,6 +136,8 @@ class Handoff:
         obs = beside.observation
         if obs is None and flight.reply is not None:
             obs = flight.reply.tracker.finish()
+        if self._comparisons is not None and obs is not None:
+            self._comparisons.keep(obs.response_id, beside.pending)
         exchange = flight.exchange(flight.outcome, end, flight.error)
         record = build_record(exchange, facts, obs)
         if beside.annotate_error is not None and record.analysis_error is None:

@@ -1,12 +1,12 @@
 """The relay: the only module that holds both sockets.
 
-For each request it forwards the body bytes unchanged, copies the upstream's status,
-end-to-end headers and body to the agent as they are read (one ``write`` per upstream read,
-no buffering), and hands the same ``bytes`` to a :class:`~proxy.core.tracker.StreamTracker`
-*after* they were written. Disconnects, timeouts and aborts are decided here and become the
-record's ``outcome``. The proxy answers by itself only with OpenAI-shaped errors, and only
-before any upstream byte reached the agent; after that a failure aborts the agent's
-connection instead of ending the body cleanly.
+For each request it forwards the body bytes unchanged, copies the upstream's status, end-to-end
+headers and body to the agent as they are read (one ``write`` per upstream read, no buffering), and
+hands the same ``bytes`` to a :class:`~proxy.core.tracker.StreamTracker` *after* they were written;
+only what an agent opts in to changes them (:mod:`.annotated`, :mod:`.diagnosed`). Disconnects,
+timeouts and aborts are decided here and become the record's ``outcome``. The proxy answers by
+itself only with OpenAI-shaped errors, and only before any upstream byte reached the agent; after
+that a failure aborts the agent's connection instead of ending the body cleanly.
 
 One request: :meth:`Relay.handle` → ``_exchange`` (the body taken in, the upstream asked)
 → ``_reply`` (the response set up) → ``_pump`` (the relay loop) → :mod:`~proxy.serve.handoff`.
@@ -31,6 +31,7 @@ from proxy.core.tracker import StreamTracker
 from proxy.serve.accounting import Accounting
 from proxy.serve.annotated import Note, annotates
 from proxy.serve.deadline import Deadlines
+from proxy.serve.diagnosed import Diagnosing, comparisons_for
 from proxy.serve.flight import Flight, open_reply
 from proxy.serve.handoff import Handoff, OnRecord
 from proxy.serve.intake import Intake, Refusal, analysis_of, answer_and_close, error_response
@@ -91,9 +92,9 @@ class Relay:
         )
         self._handlers: set[asyncio.Task[Any]] = set()
         """The handler tasks of the requests in flight (cancelled at the end of the drain)."""
-        self._handoff = Handoff(
-            on_record, clock, lambda: bool(self._handlers), accounting, telemetry
-        )
+        self._comparisons = comparisons_for(accounting, clock)
+        busy = lambda: bool(self._handlers)  # noqa: E731 - a name keeps the call on one line
+        self._handoff = Handoff(on_record, clock, busy, accounting, telemetry, self._comparisons)
         self._drain_ends: float | None = None
         self.shutting_down = False
 
@@ -180,16 +181,17 @@ class Relay:
         reply = flight.reply = open_reply(flight, upstream, tracker)
         hold_max = settings.annotate.server_timing_max_bytes
         note = Note(flight, self._clock, self._accounting, hold_max) if annotate else None
+        diag = Diagnosing.of(flight, upstream, self._comparisons, note, self._handoff.flush)
         idle, write_s = settings.idle_timeout_s, settings.write_timeout_s
         deadlines = Deadlines(idle, write_s, Outcome.UPSTREAM_IDLE_TIMEOUT, Outcome.CLIENT_STALLED)
         try:
             async with deadlines.watching():
-                if note is not None and not sse and note.holds():
-                    return await self._held(flight, upstream, deadlines, note)
+                if not sse and (whole := diag or (note if note and note.holds() else None)):
+                    return await self._held(flight, upstream, deadlines, whole)
                 refused = await self._prepare(flight)
                 if refused is not None:
                     return refused
-                await self._pump(flight, upstream, deadlines, note if sse else None)
+                await self._pump(flight, upstream, deadlines, note if sse else None, diag)
                 return reply.resp
         except TimeoutError:
             expired = deadlines.expired
@@ -206,11 +208,12 @@ class Relay:
         upstream: aiohttp.ClientResponse,
         deadlines: Deadlines[Outcome],
         note: Note | None,
+        diag: Diagnosing | None = None,
     ) -> None:
         """The relay loop: each upstream read written to the agent at once, then fed to the
-        tracker; with ``note``, an event stream gets its comment line on the way."""
+        tracker; ``note`` puts the comment line in, ``diag`` the cache diagnostics."""
         send = partial(self._send, flight, deadlines)
-        read = upstream.content.readany
+        read = diag.reader(upstream.content.readany) if diag else upstream.content.readany
         while True:
             deadlines.reading()
             try:
@@ -238,10 +241,10 @@ class Relay:
         flight: Flight,
         upstream: aiohttp.ClientResponse,
         deadlines: Deadlines[Outcome],
-        note: Note,
+        note: Note | Diagnosing,
     ) -> web.StreamResponse:
-        """A small plain body read whole before the head goes out, with ``Server-Timing``
-        on it. A failure while reading relays what came, as the loop would have."""
+        """A plain body read whole before the head goes out, with ``Server-Timing`` or the
+        cache diagnostics. A failure while reading relays what came, as the loop would."""
         body, failure = await note.read_whole(upstream, deadlines)
         refused = await self._prepare(flight)
         if refused is not None:

@@ -19,6 +19,7 @@ __all__ = [
     "never",
     "stateless",
     "top_level_error",
+    "top_level_id",
     "top_level_model",
 ]
 
@@ -62,6 +63,12 @@ def top_level_model(obj: dict[str, Any]) -> str | None:
     """``model`` at the top of an event or body."""
     model = obj.get("model")
     return model if isinstance(model, str) else None
+
+
+def top_level_id(obj: dict[str, Any]) -> str | None:
+    """``id`` at the top of an event or body."""
+    found = obj.get("id")
+    return found if isinstance(found, str) else None
 
 
 def top_level_error(obj: dict[str, Any]) -> str | None:
@@ -115,6 +122,8 @@ class Dialect:
     ``stop: true``): for APIs without an end marker. Such events must match ``interesting``."""
     model: Callable[[dict[str, Any]], str | None] = top_level_model
     """The served model's name an event or body states."""
+    response_id: Callable[[dict[str, Any]], str | None] = top_level_id
+    """The response's id an event or body states (what an agent names its previous turn by)."""
     error: Callable[[dict[str, Any]], str | None] = top_level_error
     """The upstream error an event or body states, as ``type:code``."""
     count_path: str | None = None

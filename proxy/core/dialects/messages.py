@@ -190,6 +190,13 @@ def _model(obj: dict[str, Any]) -> str | None:
     return model if isinstance(model, str) else None
 
 
+def _response_id(obj: dict[str, Any]) -> str | None:
+    """``id`` of a body, or of the ``message`` that ``message_start`` carries."""
+    message = obj.get("message")
+    found = (message if isinstance(message, dict) else obj).get("id")
+    return found if isinstance(found, str) else None
+
+
 def _error(obj: dict[str, Any]) -> str | None:
     """A mid-stream ``event: error`` (unwrapped ``{"code", "message", "type"}``) or an HTTP
     error body (``{"error": {...}}``), as ``type:code``."""
@@ -233,6 +240,7 @@ MESSAGES = Dialect(
     end_data=None,
     ends=_ends,
     model=_model,
+    response_id=_response_id,
     error=_error,
     count_path="/v1/messages/count_tokens",
     system_turn=system_turn,

@@ -232,6 +232,17 @@ def _model(obj: dict[str, Any]) -> str | None:
     return model if isinstance(model, str) else None
 
 
+def _response_id(obj: dict[str, Any]) -> str | None:
+    """``id`` of a body, or of the ``response`` an event carries (``response.created`` is
+    the first)."""
+    inner = obj.get("response")
+    if isinstance(inner, dict):
+        found = inner.get("id")
+    else:
+        found = obj.get("id") if obj.get("object") == "response" else None
+    return found if isinstance(found, str) else None
+
+
 _REASONING_DELTAS = frozenset(
     {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
 )
@@ -275,6 +286,7 @@ RESPONSES = Dialect(
     end_data=None,
     ends=_ends,
     model=_model,
+    response_id=_response_id,
     count_path="/v1/responses/input_tokens",
     system_turn=system_turn,
     chat_form=chat_form,

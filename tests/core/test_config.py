@@ -20,7 +20,7 @@ from proxy.config import (
     parse_listen,
 )
 
-SHIPPED = Path(__file__).resolve().parents[1] / "config.toml"
+SHIPPED = Path(__file__).resolve().parents[2] / "config.toml"
 # section name -> field names, from the dataclasses themselves
 FIELDS = {
     f.name: {g.name for g in dataclasses.fields(getattr(Config(), f.name))}

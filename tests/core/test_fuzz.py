@@ -47,7 +47,7 @@ from tests.terminal import terminal_log
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
 SCALE = 20 if FULL else 1
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 #: Inputs tried per fuzz target in this run (printed at the end of the module).
 INPUTS: Counter[str] = Counter()

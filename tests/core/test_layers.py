@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
+PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
 
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),

@@ -42,7 +42,7 @@ from proxy.serve.output_tokens import OutputCounter
 from proxy.serve.schema_costs import SchemaCosts
 from proxy.serve.telemetry import Telemetry
 
-PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
+PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
 
 BASE = (
     *("id", "ts", "method", "path", "model", "stream", "kind", "api", "status", "outcome"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
+PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
 
 FORBIDDEN = {
     "aiohttp's client protocol (ResponseHandler)": r"client_proto",

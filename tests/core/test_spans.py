@@ -7,7 +7,7 @@ import dataclasses
 
 from proxy.core.record import Outcome
 from proxy.core.spans import child_spans, span_plan
-from tests.test_otel import tool_facts, tool_record
+from tests.serve.test_otel import tool_facts, tool_record
 
 SERVER = ("llama-host.invalid", 8080)
 NOW_NS = 1_800_000_000_000_000_000

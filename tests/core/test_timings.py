@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.core.timings import MAX_TOK_S, ServerTimings, plausible
 from tests.conftest import ProxyFactory
 from tests.fakes import load_recording, make_timings
-from tests.test_accounting import ToyLlama, ask, body_of, toy, wait_record
+from tests.serve.test_accounting import ToyLlama, ask, body_of, toy, wait_record
 
 __all__ = ["toy"]  # the fixture, imported for the test below
 

@@ -49,7 +49,7 @@ from tests.terminal import terminal_log
 
 pytestmark = pytest.mark.real
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[1] / "corpus"
 SERVER_ARGS = {
     "full": ("-t", "1", "--swa-full", "--cache-ram", "0"),
     "swa": ("-t", "1", "--cache-ram", "0"),

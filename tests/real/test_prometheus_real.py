@@ -45,7 +45,7 @@ from proxy.serve.metrics import SECONDS
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import real_required
 from tests.llama_variants import GET_WEATHER
-from tests.test_docker import DASHBOARD, dashboard_queries, grafana_query
+from tests.serve.test_docker import DASHBOARD, dashboard_queries, grafana_query
 
 pytestmark = pytest.mark.real
 

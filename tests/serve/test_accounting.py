@@ -466,7 +466,7 @@ async def toy(aiohttp_server: Any) -> ToyLlama:
 
 async def start(make_proxy: ProxyFactory, toy: ToyLlama, **accounting: Any) -> ProxyUnderTest:
     """The proxy in front of the toy, schema accounting on (prefix attribution off unless
-    asked for: its own look-ups are counted in tests/test_attribution.py)."""
+    asked for: its own look-ups are counted in tests/serve/test_attribution.py)."""
     return await make_proxy(
         toy.url, accounting={"enabled": True, "attribution": False, **accounting}
     )

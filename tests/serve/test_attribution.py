@@ -1,6 +1,6 @@
 """Prefix attribution through the proxy, against the toy llama-server of test_accounting.
 
-The toy renders and tokenizes as tests/test_accounting.py describes; its answer's ``timings``
+The toy renders and tokenizes as tests/serve/test_accounting.py describes; its answer's ``timings``
 are set per request so that the prompt it says it evaluated is the one the proxy rendered.
 """
 
@@ -20,7 +20,7 @@ from proxy.serve.attribution import (
 )
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import make_timings
-from tests.test_accounting import (
+from tests.serve.test_accounting import (
     APPLY_TEMPLATE,
     READ_FILE,
     RUN_SHELL,
@@ -236,7 +236,7 @@ class TestAttribution:
 
     async def test_explicit_conversation_id(self, toy: ToyLlama, make_proxy: ProxyFactory) -> None:
         """An agent that names its conversation (``user``) is grouped by that name (as sent
-        with ``[privacy] raw_conversation_ids``; tests/test_faults_secrets.py: hashed)."""
+        with ``[privacy] raw_conversation_ids``; tests/serve/test_faults_secrets.py: hashed)."""
         proxy = await start(make_proxy, toy, raw_conversation_ids=True)
         first = await send(proxy, toy, {**clocked(1), "user": "arm-1"}, 0, 1)
         second = await send(proxy, toy, {**body_of([READ_FILE]), "user": "arm-1"}, 0, 2)

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import SeenRequest, load_recording, replay
 
-FAKE = Path(__file__).with_name("fake_tegrastats.py")
+FAKE = Path(__file__).parents[1] / "fake_tegrastats.py"
 POWER_MW = 6250
 
 

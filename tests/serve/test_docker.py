@@ -39,9 +39,9 @@ from proxy.commands.ports import free_port
 from proxy.config import ConfigError, load_config, parse_listen
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
 from proxy.serve.metrics import Metrics
-from tests.test_metrics import BOARD_SAMPLE, every_family_record
+from tests.serve.test_metrics import BOARD_SAMPLE, every_family_record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 HEALTHCHECK_SCRIPT = DOCKER / "healthcheck.py"
 

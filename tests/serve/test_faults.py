@@ -643,7 +643,7 @@ class TestGracefulShutdown:
             str(log_file),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-            cwd=Path(__file__).parent.parent,
+            cwd=Path(__file__).parents[2],
             env={**os.environ},
         )
         try:

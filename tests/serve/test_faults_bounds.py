@@ -2,7 +2,7 @@
 counts (least recently used first, evictions counted), the attribution's renderings and
 prompts (by bytes), and streamed tool-call arguments (capped; beyond the cap the fields read
 from them are unknown, with the reason). Each is driven past its bound through the proxy
-against the toy llama-server of tests/test_accounting.py."""
+against the toy llama-server of tests/serve/test_accounting.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from proxy.core.tracker import MAX_ARGUMENT_BYTES
 from proxy.serve.keys import ACCOUNTING
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import make_timings
-from tests.test_accounting import (
+from tests.serve.test_accounting import (
     READ_FILE,
     ToyLlama,
     ask,

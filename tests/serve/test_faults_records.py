@@ -8,7 +8,7 @@ process. SIGTERM ends the process within ``shutdown_drain_s`` plus
 :data:`proxy.serve.app.SHUTDOWN_AFTER_DRAIN_S`, the cut stream's record written.
 
 The process tests run ``python -m proxy serve`` in front of the fake llama-server, as
-tests/test_faults.py does; a full disk is ``/dev/full`` (every write fails with ENOSPC) at the
+tests/serve/test_faults.py does; a full disk is ``/dev/full`` (every write fails with ENOSPC) at the
 start and ``RLIMIT_FSIZE`` after it (writes past the limit fail with EFBIG, the last one cut
 short, exactly as on a disk that fills up: Python ignores SIGXFSZ).
 """
@@ -52,7 +52,7 @@ from proxy.serve.sinks import RecordSinks
 from proxy.serve.tasks import spawn
 from tests.conftest import Captured
 from tests.fakes import DONE, FakeUpstream, json_response, slow_steady
-from tests.test_faults import CHAT_BODY, NO_MODELS, routed
+from tests.serve.test_faults import CHAT_BODY, NO_MODELS, routed
 
 Fake = tuple[FakeUpstream, TestServer]
 
@@ -167,7 +167,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[Any]:
                 *("--upstream", upstream, "--log-file", str(log)),
                 stdout=stdout,
                 stderr=stderr,
-                cwd=Path(__file__).parent.parent,
+                cwd=Path(__file__).parents[2],
                 env={**os.environ},
             )
         url, admin = f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}"

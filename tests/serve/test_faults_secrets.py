@@ -11,7 +11,7 @@
   the ``X-Conversation-Id`` header, the agent's own name for its conversation, as sent.
 
 The Docker files' side (the admin listener's token from the environment) is in
-tests/test_docker.py. Modules added with these fixes are imported inside the tests, so that
+tests/serve/test_docker.py. Modules added with these fixes are imported inside the tests, so that
 each test fails on its own against code without them.
 """
 
@@ -38,8 +38,8 @@ from proxy.serve.keys import BACKGROUND
 from tests.conftest import ProxyFactory, ProxyUnderTest, proxy_in_front_of
 from tests.fakes import FakeUpstream, SeenRequest, load_recording, replay
 from tests.run_app import run_app_arguments
-from tests.test_accounting import READ_FILE, ToyLlama, body_of, toy, wait_record
-from tests.test_attribution import clocked, evaluated, send, start
+from tests.serve.test_accounting import READ_FILE, ToyLlama, body_of, toy, wait_record
+from tests.serve.test_attribution import clocked, evaluated, send, start
 
 __all__ = ["toy"]  # the fixture, imported for the tests below
 
@@ -400,6 +400,6 @@ class TestConversationIds:
 
     def test_raw_conversation_ids_is_off_by_default(self) -> None:
         """The default config, and the repository's config.toml, hash the body's ids."""
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         for config in (_config(), load_config(root / "config.toml")):
             assert config.privacy.raw_conversation_ids is False

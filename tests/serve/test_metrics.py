@@ -17,9 +17,9 @@ from proxy.core.record import Kind, Outcome, Record
 from proxy.serve.metrics import BOARD_GAUGES, Metrics
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.fakes import FakeUpstream, SeenRequest, load_recording, replay
-from tests.test_accounting import ToyLlama, toy
-from tests.test_attribution import clocked, send
-from tests.test_attribution import start as start_attributing
+from tests.serve.test_accounting import ToyLlama, toy
+from tests.serve.test_attribution import clocked, send
+from tests.serve.test_attribution import start as start_attributing
 
 __all__ = ["toy"]  # the fixture, imported for the test below
 

@@ -99,7 +99,7 @@ class TestCheckAtStart:
 
     async def test_credentials_in_the_url_are_not_logged(self, refusing_url: str) -> None:
         """A user:password in the upstream URL stays out of the warning (the config refuses
-        such a URL, tests/test_faults_secrets.py; a Config built without the loader may
+        such a URL, tests/serve/test_faults_secrets.py; a Config built without the loader may
         still hold one)."""
         with_user = refusing_url.replace("http://", "http://me:sekrit@")
         config = load_config(None)

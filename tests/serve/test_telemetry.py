@@ -39,7 +39,7 @@ from proxy.serve.telemetry import (
     telemetry_for,
 )
 
-FAKE = Path(__file__).with_name("fake_tegrastats.py")
+FAKE = Path(__file__).parents[1] / "fake_tegrastats.py"
 POWER_MW = 5000
 INTERVAL_MS = 50
 

@@ -64,6 +64,30 @@ Outcome = Literal["pending", "completed", "cancelled", "reset", "died"]
 
 
 # --------------------------------------------------------------------------------------------
+# A clock
+
+
+class FakeClock:
+    """A clock the test sets by hand: calling it answers ``now`` (seconds) and counts the read."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` on."""
+        self.now += seconds
+
+    def ns(self) -> int:
+        """The clock read as epoch nanoseconds (a wall clock such as ``time.time_ns``)."""
+        return round(self() * 1_000_000_000)
+
+
+# --------------------------------------------------------------------------------------------
 # Recordings
 
 

@@ -16,6 +16,7 @@ from proxy.commands.provision import LlamaServer
 from proxy.core.dialects.completions import COMPLETIONS
 from proxy.core.record import ServerTimings
 from proxy.core.tracker import Observation, StreamTracker
+from tests.fakes import FakeClock
 
 MODEL = "gemma-3-270m-q4_k_m"
 TIMINGS = {
@@ -37,16 +38,6 @@ PIECES = (",", "\n\n", "I", " have", " a", " ", "2", "0")
 ERROR = {"error": {"code": 500, "message": "Compute error.", "type": "server_error"}}
 
 
-class FakeClock:
-    """A clock whose time is set by the test."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def event(obj: Any) -> bytes:
     """One ``data: {compact json}`` SSE event, as llama-server writes it."""
     return b"data: " + orjson.dumps(obj) + b"\n\n"
@@ -57,7 +48,7 @@ def observe(chunks: Iterable[bytes], *, sse: bool = True) -> Observation:
     clock = FakeClock()
     tracker = StreamTracker(0.0, sse=sse, clock=clock, dialect=COMPLETIONS)
     for i, chunk in enumerate(chunks):
-        clock.t = float(i + 1)
+        clock.now = float(i + 1)
         tracker.feed(chunk)
     return tracker.finish()
 

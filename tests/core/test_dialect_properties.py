@@ -38,6 +38,7 @@ from proxy.core.record import Outcome, Record, ms
 from proxy.core.request import analyse_request
 from proxy.core.tracker import StreamTracker
 from tests import sdk_reference as sdk
+from tests.fakes import FakeClock
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -51,16 +52,6 @@ PROPERTY = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 PER_PATH = settings(PROPERTY, max_examples=50)
-
-
-class FakeClock:
-    """A clock whose time the test sets."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,9 +286,9 @@ def relay(
     clock = FakeClock(d.t0)
     tracker = StreamTracker(d.t0, sse=sse, clock=clock, dialect=facts.dialect)
     for chunk, t in zip(d.chunks(raw), d.times, strict=True):
-        clock.t = t
+        clock.now = t
         tracker.feed(chunk)
-    clock.t = d.end
+    clock.now = d.end
     obs = tracker.finish()
     exchange = Exchange(
         id="req-1",

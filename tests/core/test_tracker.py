@@ -17,20 +17,18 @@ from proxy.core.assemble import Exchange, build_record
 from proxy.core.record import Outcome, ServerTimings, derive
 from proxy.core.request import analyse_request
 from proxy.core.tracker import MAX_REASONING_BYTES, Observation, StreamTracker, ToolCall
-from tests.fakes import DONE, PING, RECORDINGS_DIR, chat_event, load_recording, make_timings
+from tests.fakes import (
+    DONE,
+    PING,
+    RECORDINGS_DIR,
+    FakeClock,
+    chat_event,
+    load_recording,
+    make_timings,
+)
 
 T0 = 0.0  # the request arrival on the fake clock (exact float arithmetic for recorded times)
 MODEL = "gemma-3-270m-q4_k_m.gguf"  # the model name chat_event() writes
-
-
-class FakeClock:
-    """A clock whose time is set by the test."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def event(obj: Any) -> bytes:
@@ -72,7 +70,7 @@ def run_sse(timed_chunks: Sequence[tuple[float, bytes]], **kwargs: Any) -> Obser
     clock = FakeClock()
     tracker = StreamTracker(T0, sse=True, clock=clock, **kwargs)
     for t, chunk in timed_chunks:
-        clock.t = T0 + t
+        clock.now = T0 + t
         tracker.feed(chunk)
     return tracker.finish()
 
@@ -82,7 +80,7 @@ def run_body(timed_chunks: Sequence[tuple[float, bytes]], **kwargs: Any) -> Obse
     clock = FakeClock()
     tracker = StreamTracker(T0, sse=False, clock=clock, **kwargs)
     for t, chunk in timed_chunks:
-        clock.t = T0 + t
+        clock.now = T0 + t
         tracker.feed(chunk)
     return tracker.finish()
 
@@ -552,16 +550,16 @@ class TestSSEErrorsAndUsage:
         (the failing chunk is a ping and a tool-call delta)."""
         clock = FakeClock()
         tracker = StreamTracker(T0, sse=True, clock=clock)
-        clock.t = T0 + 1.0
+        clock.now = T0 + 1.0
         tracker.feed(role() + content("a"))
 
         def boom(self: StreamTracker, data: bytes, now: float) -> None:
             raise ValueError("simulated")
 
         monkeypatch.setattr(StreamTracker, "_on_event", boom)
-        clock.t = T0 + 2.0
+        clock.now = T0 + 2.0
         tracker.feed(PING + tool_delta(0, name="f", args="{"))
-        clock.t = T0 + 3.0
+        clock.now = T0 + 3.0
         tracker.feed(content("c"))
         obs = tracker.finish()
         assert obs.analysis_error == "tracker: ValueError"

@@ -19,7 +19,7 @@ from proxy.serve.attribution import (
     LookupUnsupported,
 )
 from tests.conftest import ProxyFactory, ProxyUnderTest
-from tests.fakes import make_timings
+from tests.fakes import FakeClock, make_timings
 from tests.serve.test_accounting import (
     APPLY_TEMPLATE,
     READ_FILE,
@@ -291,13 +291,13 @@ async def test_an_upstream_without_the_lookups_is_not_asked_again_for_a_while() 
     asked once: for UNSUPPORTED_RETRY_S every later prompt gets that refusal at once (the
     record's attribution_error), with no request; after it, the look-ups are tried again."""
     posts: list[str] = []
-    now = [1000.0]
+    clock = FakeClock(1000.0)
 
     async def post(path: str, body: dict[str, Any]) -> Any:
         posts.append(path)
         raise LookupUnsupported(f"{path}: 404")
 
-    attributor = Attributor(post, clock=lambda: now[0])
+    attributor = Attributor(post, clock=clock)
 
     def facts(n: int) -> Any:
         body = {"messages": [{"role": "user", "content": f"turn {n}"}], "max_tokens": 4}
@@ -315,7 +315,7 @@ async def test_an_upstream_without_the_lookups_is_not_asked_again_for_a_while() 
         with pytest.raises(LookupUnsupported):
             await refused
     assert len(posts) == asked, "no look-up while the refusal stands"
-    now[0] += UNSUPPORTED_RETRY_S + 1
+    clock.advance(UNSUPPORTED_RETRY_S + 1)
     again = attributor.begin(facts(99))
     assert again is not None
     with pytest.raises(LookupUnsupported):

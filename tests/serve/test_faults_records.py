@@ -51,7 +51,7 @@ from proxy.serve.model_info import ModelInfo
 from proxy.serve.sinks import RecordSinks
 from proxy.serve.tasks import spawn
 from tests.conftest import Captured
-from tests.fakes import DONE, FakeUpstream, json_response, slow_steady
+from tests.fakes import DONE, FakeClock, FakeUpstream, json_response, slow_steady
 from tests.serve.test_faults import CHAT_BODY, NO_MODELS, routed
 
 Fake = tuple[FakeUpstream, TestServer]
@@ -422,14 +422,6 @@ class _Disk(io.BytesIO):
         return super().write(taken)
 
 
-@dataclass
-class _Clock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _said(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in capsys.readouterr().err.splitlines()]
 
@@ -442,7 +434,7 @@ class TestOutput:
     ) -> None:
         """The first drop is said at once; the next ones within the minute are not, the
         first one after it says all of them, and closing says the rest."""
-        clock = _Clock()
+        clock = FakeClock()
         out = Output("file", _Disk(room=0), "/data/requests.jsonl", clock=clock)
         assert out.write(b"{}\n") is False
         (first,) = _said(capsys)
@@ -460,7 +452,7 @@ class TestOutput:
         out.write(b"{}\n")
         (again,) = _said(capsys)
         assert (again["dropped"], again["dropped_total"]) == (60, 61)
-        clock.now += 1
+        clock.advance(1)
         out.write(b"{}\n")
         assert _said(capsys) == []
         out.close()

@@ -17,6 +17,7 @@ from proxy.config import BoardConfig
 from proxy.core.record import Kind, Record
 from proxy.core.roofline import Board, ModelMeta, record_roofline
 from proxy.serve.model_info import ModelInfo, ModelInfoError
+from tests.fakes import FakeClock
 
 ORIN = Board.from_config(BoardConfig(preset="jetson-orin-nano-8gb"))
 WITH_META = orjson.dumps(
@@ -35,16 +36,6 @@ def decoded(rate: float | None = 10.0) -> Record:
         kind=Kind.CHAT,
         decode_tok_s=rate,
     )
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Models:
@@ -80,7 +71,7 @@ class TestRetry:
         """Unknown model: the first record starts a fetch; records within 30 s of it start
         none; the first record after 30 s starts the next."""
         upstream, url = models
-        clock = Clock()
+        clock = FakeClock(1000.0)
         info = ModelInfo(url, ORIN, clock=clock)
         async with aiohttp.ClientSession() as session:
             info.attach(session)
@@ -88,11 +79,11 @@ class TestRetry:
             await info.settle()
             assert upstream.requests == 1 and info.meta is None
             for step in (10.0, 20.0):  # 10 s, then exactly 30 s after the first try
-                clock.now += step
+                clock.advance(step)
                 info.enrich(decoded())
                 await info.settle()
             assert upstream.requests == 1
-            clock.now += 0.5
+            clock.advance(0.5)
             info.enrich(decoded())
             await info.settle()
             assert upstream.requests == 2
@@ -101,14 +92,14 @@ class TestRetry:
         """Once a fetch found the metadata, records are enriched and nothing is fetched."""
         upstream, url = models
         upstream.body = WITH_META
-        clock = Clock()
+        clock = FakeClock(1000.0)
         info = ModelInfo(url, ORIN, clock=clock)
         async with aiohttp.ClientSession() as session:
             info.attach(session)
             info.enrich(decoded())
             await info.settle()
             assert info.meta == ModelMeta(2_450_000_000, 4_000_000_000, "m.gguf", "/v1/models meta")
-            clock.now += 3600.0
+            clock.advance(3600.0)
             assert info.enrich(decoded()).decode_gbs is not None
             await info.settle()
         assert upstream.requests == 1
@@ -120,7 +111,7 @@ class TestRetry:
         first record after attaching fetches); a record without a decode rate never
         fetches."""
         upstream, url = models
-        clock = Clock()
+        clock = FakeClock(1000.0)
         info = ModelInfo(url, ORIN, clock=clock)
         info.enrich(decoded())
         async with aiohttp.ClientSession() as session:
@@ -134,7 +125,7 @@ class TestRetry:
 
     async def test_unreachable_upstream_leaves_the_model_unknown(self) -> None:
         """A fetch that cannot connect keeps the records unchanged and raises nothing."""
-        info = ModelInfo("http://127.0.0.1:9", ORIN, clock=Clock())
+        info = ModelInfo("http://127.0.0.1:9", ORIN, clock=FakeClock(1000.0))
         async with aiohttp.ClientSession() as session:
             info.attach(session)
             assert info.enrich(decoded()) == decoded()
@@ -144,7 +135,7 @@ class TestRetry:
     async def test_api_key_is_sent(self, models: tuple[Models, str]) -> None:
         """The upstream's API key goes with the fetch as a bearer token."""
         upstream, url = models
-        info = ModelInfo(url, ORIN, api_key="sekrit", clock=Clock())
+        info = ModelInfo(url, ORIN, api_key="sekrit", clock=FakeClock(1000.0))
         async with aiohttp.ClientSession() as session:
             await info.fetch(session)
         assert upstream.authorization == ["Bearer sekrit"]

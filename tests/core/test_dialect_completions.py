@@ -16,7 +16,7 @@ from proxy.commands.provision import LlamaServer
 from proxy.core.dialects.completions import COMPLETIONS
 from proxy.core.record import ServerTimings
 from proxy.core.tracker import Observation, StreamTracker
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, sse_json
 
 MODEL = "gemma-3-270m-q4_k_m"
 TIMINGS = {
@@ -38,11 +38,6 @@ PIECES = (",", "\n\n", "I", " have", " a", " ", "2", "0")
 ERROR = {"error": {"code": 500, "message": "Compute error.", "type": "server_error"}}
 
 
-def event(obj: Any) -> bytes:
-    """One ``data: {compact json}`` SSE event, as llama-server writes it."""
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
 def observe(chunks: Iterable[bytes], *, sse: bool = True) -> Observation:
     """Feed chunk i at time i + 1 (seconds since the request) and finish."""
     clock = FakeClock()
@@ -58,7 +53,7 @@ def observe(chunks: Iterable[bytes], *, sse: bool = True) -> Observation:
 
 def native_partial(n: int, piece: str, *, tokens_evaluated: int = 2, **extra: Any) -> bytes:
     """A native partial: every token its own event and HTTP chunk, with its token id."""
-    return event(
+    return sse_json(
         {
             "index": 0,
             "content": piece,
@@ -100,7 +95,7 @@ def native_final(
 
 def native_stream(stop_type: str = "limit", **over: Any) -> list[bytes]:
     return [native_partial(n, p) for n, p in enumerate(PIECES, 1)] + [
-        event(native_final(stop_type, **over))
+        sse_json(native_final(stop_type, **over))
     ]
 
 
@@ -171,7 +166,7 @@ class TestNativeStream:
         piece (only timings) and is no token event."""
         chunks = [native_partial(n, p, tokens_evaluated=6) for n, p in enumerate(PIECES[:7], 1)]
         chunks.append(native_partial(8, "", tokens_evaluated=6, timings=TIMINGS))
-        chunks.append(event(native_final("word", stopping_word=".")))
+        chunks.append(sse_json(native_final("word", stopping_word=".")))
         obs = observe(chunks)
         assert obs.token_events == 7
         assert (obs.first_token_s, obs.last_token_s) == (1.0, 7.0)
@@ -189,7 +184,7 @@ class TestNativeStream:
         uncached nor the cached share."""
         final = native_final()
         del final["timings"]
-        obs = observe([native_partial(1, ","), event(final)])
+        obs = observe([native_partial(1, ","), sse_json(final)])
         assert obs.timings == ServerTimings(predicted_n=8)
 
     def test_a_cut_stream_states_no_count(self) -> None:
@@ -203,7 +198,7 @@ class TestNativeStream:
     def test_mid_stream_error(self) -> None:
         """An error after the headers is one data event and the end of the stream: it is the
         upstream error, the tokens before it still count, no finish reason is invented."""
-        obs = observe([native_partial(1, ","), native_partial(2, "\n\n"), event(ERROR)])
+        obs = observe([native_partial(1, ","), native_partial(2, "\n\n"), sse_json(ERROR)])
         assert obs.token_events == 2
         assert obs.upstream_error == "server_error:500"
         assert obs.finish_reason is None and obs.timings is None and not obs.done
@@ -225,7 +220,7 @@ class TestNativeStream:
         chunks = [
             native_partial(0, "", prompt_progress=progress),
             native_partial(1, ",", timings=partial_timings),
-            event(native_final()),
+            sse_json(native_final()),
         ]
         obs = observe(chunks)
         assert obs.token_events == 1
@@ -249,7 +244,7 @@ def legacy_chunk(text: str, finish: str | None = None, **tail: Any) -> bytes:
         obj["usage"] = tail.pop("usage")
     obj["id"] = "chatcmpl-nwncK8tHxwaO0W2mvjUoUj1vwSTtoPAl"
     obj.update(tail)
-    return event(obj)
+    return sse_json(obj)
 
 
 USAGE = {
@@ -306,7 +301,7 @@ class TestLegacyStream:
     def test_mid_stream_error(self) -> None:
         """A mid-stream error event ends the stream without [DONE]: upstream error, not done,
         no finish reason."""
-        obs = observe([legacy_chunk(","), event(ERROR)])
+        obs = observe([legacy_chunk(","), sse_json(ERROR)])
         assert obs.token_events == 1
         assert obs.upstream_error == "server_error:500"
         assert obs.finish_reason is None and not obs.done

@@ -22,13 +22,14 @@ from proxy.core.dialects.messages import MESSAGES
 from proxy.core.record import Outcome, Record, ServerTimings
 from proxy.core.request import analyse_request
 from proxy.core.tracker import Observation, StreamTracker, ToolCall
+from tests.fakes import sse_json
 
 MODEL = "gemma3"
 
 
 def ev(name: str, data: dict[str, Any]) -> bytes:
     """One event as llama-server writes it on /v1/messages."""
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+    return sse_json(data, name)
 
 
 def message_start(uncached: int = 5, cached: int = 216) -> bytes:
@@ -269,7 +270,7 @@ class TestStream:
             [
                 message_start() + block_start(0, {"type": "text", "text": ""}) + text(0, "Hi"),
                 text(0, " the"),
-                b"event: error\ndata: " + orjson.dumps(error) + b"\n\n",
+                sse_json(error, "error"),
             ]
         )
         assert obs.token_events == 2 and obs.last_token_s == 2.0
@@ -280,7 +281,7 @@ class TestStream:
     def test_mid_stream_error_is_recorded(self) -> None:
         """The unwrapped mid-stream error is the upstream error of the response."""
         error = {"code": 500, "message": "Compute error.", "type": "server_error"}
-        obs = track([message_start(), b"event: error\ndata: " + orjson.dumps(error) + b"\n\n"])
+        obs = track([message_start(), sse_json(error, "error")])
         assert obs.upstream_error == "server_error:500"
 
 

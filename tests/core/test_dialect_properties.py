@@ -38,7 +38,7 @@ from proxy.core.record import Outcome, Record, ms
 from proxy.core.request import analyse_request
 from proxy.core.tracker import StreamTracker
 from tests import sdk_reference as sdk
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, sse_json, typed_event
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -340,11 +340,6 @@ def check_counts(record: Record, turn: Turn) -> None:
     assert record.predicted_n == turn.predicted_n
 
 
-def sse(name: str | None, obj: dict[str, Any]) -> bytes:
-    line = b"" if name is None else b"event: " + name.encode() + b"\n"
-    return line + b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
 # --------------------------------------------------------------------------------------------
 # Chat Completions (§1.3, §2)
 
@@ -373,7 +368,7 @@ def chat_finish(turn: Turn) -> str:
 
 def chat_chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
     choice = {"finish_reason": finish, "index": 0, "delta": delta}
-    return sse(None, {"choices": [choice], **ENVELOPE, **extra})
+    return sse_json({"choices": [choice], **ENVELOPE, **extra})
 
 
 def chat_stream(turn: Turn) -> Stream:
@@ -398,7 +393,7 @@ def chat_stream(turn: Turn) -> Stream:
     if turn.usage_chunk:
         s.add(chat_chunk({}, chat_finish(turn)))
         last = {"choices": [], **ENVELOPE, "usage": chat_usage(turn), "timings": turn.timings()}
-        s.add(sse(None, last))
+        s.add(sse_json(last))
     else:
         s.add(chat_chunk({}, chat_finish(turn), timings=turn.timings()))
     s.add(b"data: [DONE]\n\n")
@@ -505,7 +500,7 @@ class ResponsesWriter:
                 obj |= {"content_index": 0, "logprobs": []}
             elif obj["type"].startswith("response.content_part."):
                 obj["content_index"] = 0
-        self.stream.add(sse(obj["type"], obj), token=token)
+        self.stream.add(typed_event(obj), token=token)
 
 
 def responses_stream(turn: Turn, *, indexed: bool = False) -> Stream:
@@ -602,14 +597,12 @@ def stop_reason(turn: Turn) -> str:
 
 def block_delta(index: int, kind: str, key: str, value: str) -> bytes:
     delta = {"type": kind, key: value}
-    return sse(
-        "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-    )
+    return typed_event({"type": "content_block_delta", "index": index, "delta": delta})
 
 
 def block_start(index: int, block: dict[str, Any]) -> bytes:
     event = {"type": "content_block_start", "index": index, "content_block": block}
-    return sse("content_block_start", event)
+    return typed_event(event)
 
 
 def messages_stream(turn: Turn) -> Stream:
@@ -621,7 +614,7 @@ def messages_stream(turn: Turn) -> Stream:
     message = {"id": ENVELOPE["id"], "type": "message", "role": "assistant", "content": []}
     message |= {"model": MODEL, "stop_reason": None, "stop_sequence": None}
     message["usage"] = usage | {"output_tokens": 0}
-    s.add(sse("message_start", {"type": "message_start", "message": message}))
+    s.add(typed_event({"type": "message_start", "message": message}))
     blocks = 0
     if turn.reasoning:
         s.add(block_start(blocks, {"type": "thinking", "thinking": ""}))
@@ -642,11 +635,11 @@ def messages_stream(turn: Turn) -> Stream:
     if turn.reasoning:
         s.add(block_delta(0, "signature_delta", "signature", ""))
     for index in range(blocks):
-        s.add(sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        s.add(typed_event({"type": "content_block_stop", "index": index}))
     delta = {"stop_reason": stop_reason(turn), "stop_sequence": None}
     end = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": turn.predicted_n}}
-    s.add(sse("message_delta", end))
-    s.add(sse("message_stop", {"type": "message_stop"}))
+    s.add(typed_event(end))
+    s.add(typed_event({"type": "message_stop"}))
     return s.with_pings(turn.pings)
 
 
@@ -705,23 +698,23 @@ def completion_stream(c: Completion) -> Stream:
         if c.native:
             partial = {"index": 0, "content": piece, "tokens": [236000 + n], "stop": False}
             partial |= {"id_slot": -1, "tokens_predicted": n, "tokens_evaluated": turn.prompt_n}
-            s.add(sse(None, partial), token=bool(piece))
+            s.add(sse_json(partial), token=bool(piece))
         else:
             choice = {"text": piece, "index": 0, "logprobs": None, "finish_reason": None}
             chunk = {"choices": [choice], **ENVELOPE, "object": "text_completion"}
-            s.add(sse(None, chunk), token=bool(piece))
+            s.add(sse_json(chunk), token=bool(piece))
     if c.native:
         final = {"index": 0, "content": "", "tokens": [], "id_slot": 0, "stop": True}
         final |= {"model": MODEL, "tokens_predicted": turn.predicted_n}
         final |= {"tokens_evaluated": turn.prompt_n + turn.cache_n, "truncated": False}
         final |= {"stop_type": "limit" if turn.cut else "eos", "stopping_word": ""}
         final |= {"tokens_cached": turn.prompt_n + turn.predicted_n, "timings": turn.timings()}
-        s.add(sse(None, final))
+        s.add(sse_json(final))
     else:
         choice = {"text": "", "index": 0, "logprobs": None}
         choice["finish_reason"] = "length" if turn.cut else "stop"
         chunk = {"choices": [choice], **ENVELOPE, "object": "text_completion"}
-        s.add(sse(None, chunk | {"usage": chat_usage(turn), "timings": turn.timings()}))
+        s.add(sse_json(chunk | {"usage": chat_usage(turn), "timings": turn.timings()}))
         s.add(b"data: [DONE]\n\n")
     return s.with_pings(turn.pings)
 
@@ -906,7 +899,7 @@ def unknown_event(draw: st.DrawFn) -> bytes:
     if kind is not None:
         obj = {"type": kind, **obj}
     other = [b"data: x\n\n", b"data: [1, 2]\n\n", b"data: \n\n", PING]
-    return draw(st.just(sse(kind, obj)) | st.sampled_from(other))
+    return draw(st.just(sse_json(obj, kind)) | st.sampled_from(other))
 
 
 PATHS = pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES, "/completion"])

@@ -18,6 +18,7 @@ from proxy.core.dialects.responses import RESPONSES, new_call_reader
 from proxy.core.record import Outcome, Record, ServerTimings
 from proxy.core.request import analyse_request
 from proxy.core.tracker import Observation, StreamTracker, ToolCall
+from tests.fakes import sse_json, typed_event
 
 FC = "fc_CkQlX2"
 FC2 = "fc_Zr8mQ1"
@@ -43,22 +44,17 @@ WEATHER = {
 }
 
 
-def ev(obj: dict[str, Any], *, named: bool = True) -> bytes:
-    """One event as llama-server writes it: an ``event:`` line naming ``data.type`` (unless
-    ``named`` is false, as for the mid-stream error) and the compact JSON data."""
-    line = b"event: " + obj["type"].encode() + b"\n" if named else b""
-    return line + b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
 def start() -> bytes:
-    return ev({"type": "response.created", "response": RESP}) + ev(
+    return typed_event({"type": "response.created", "response": RESP}) + typed_event(
         {"type": "response.in_progress", "response": RESP}
     )
 
 
 def text_item(item_id: str = MSG) -> bytes:
     item = {"content": [], "id": item_id, "role": "assistant", "status": "in_progress"}
-    return ev({"type": "response.output_item.added", "item": {**item, "type": "message"}}) + ev(
+    return typed_event(
+        {"type": "response.output_item.added", "item": {**item, "type": "message"}}
+    ) + typed_event(
         {
             "type": "response.content_part.added",
             "item_id": item_id,
@@ -70,15 +66,15 @@ def text_item(item_id: str = MSG) -> bytes:
 def reasoning_item() -> bytes:
     item = {"id": RS, "summary": [], "type": "reasoning", "content": []}
     item |= {"encrypted_content": "", "status": "in_progress"}
-    return ev({"type": "response.output_item.added", "item": item})
+    return typed_event({"type": "response.output_item.added", "item": item})
 
 
 def text(delta: str, item_id: str = MSG) -> bytes:
-    return ev({"type": "response.output_text.delta", "item_id": item_id, "delta": delta})
+    return typed_event({"type": "response.output_text.delta", "item_id": item_id, "delta": delta})
 
 
 def thought(delta: str) -> bytes:
-    return ev({"type": "response.reasoning_text.delta", "delta": delta, "item_id": RS})
+    return typed_event({"type": "response.reasoning_text.delta", "delta": delta, "item_id": RS})
 
 
 def call_item(
@@ -96,27 +92,27 @@ def call_item(
 
 
 def call_added(item_id: str, name: str) -> bytes:
-    return ev({"type": "response.output_item.added", "item": call_item(item_id, name)})
+    return typed_event({"type": "response.output_item.added", "item": call_item(item_id, name)})
 
 
 def args(delta: str, item_id: str = FC) -> bytes:
-    return ev(
+    return typed_event(
         {"type": "response.function_call_arguments.delta", "delta": delta, "item_id": item_id}
     )
 
 
 def call_done(item_id: str, name: str, arguments: str) -> bytes:
     item = call_item(item_id, name, arguments, "completed")
-    return ev({"type": "response.output_item.done", "item": item})
+    return typed_event({"type": "response.output_item.done", "item": item})
 
 
 def text_done(full: str) -> bytes:
     part = {"type": "output_text", "annotations": [], "logprobs": [], "text": full}
     item = {"type": "message", "status": "completed", "id": MSG, "content": [part]}
     return (
-        ev({"type": "response.output_text.done", "item_id": MSG, "text": full})
-        + ev({"type": "response.content_part.done", "item_id": MSG, "part": part})
-        + ev({"type": "response.output_item.done", "item": {**item, "role": "assistant"}})
+        typed_event({"type": "response.output_text.done", "item_id": MSG, "text": full})
+        + typed_event({"type": "response.content_part.done", "item_id": MSG, "part": part})
+        + typed_event({"type": "response.output_item.done", "item": {**item, "role": "assistant"}})
     )
 
 
@@ -132,7 +128,7 @@ def usage(prompt: int = 221, cached: int = 216, output: int = 30) -> dict[str, A
 def completed(output: list[dict[str, Any]], **fields: Any) -> bytes:
     response = {**RESP, "created_at": 1, "status": "completed", "model": "gemma3"}
     response |= {"output": output, "usage": usage()} | fields
-    return ev({"type": "response.completed", "response": response, "timings": TIMINGS})
+    return typed_event({"type": "response.completed", "response": response, "timings": TIMINGS})
 
 
 def per_stream() -> Dialect:
@@ -357,9 +353,7 @@ class TestStream:
         and no response.completed: the error is recorded, the tokens before it stay, there
         is no finish reason, no counts, and the stream is not done."""
         error = {"error": {"code": 500, "message": "boom", "type": "server_error"}}
-        obs = observe(
-            [start() + text_item() + text("Hi"), b"data: " + orjson.dumps(error) + b"\n\n"]
-        )
+        obs = observe([start() + text_item() + text("Hi"), sse_json(error)])
         assert obs.upstream_error == "server_error:500"
         assert (obs.token_events, obs.last_token_s) == (1, 1.0)
         assert (obs.finish_reason, obs.timings, obs.done) == (None, None, False)
@@ -449,7 +443,7 @@ def final(output: list[dict[str, Any]], n: int, **fields: Any) -> bytes:
     response = {**RESP, "created_at": 1, "status": "completed", "model": "gemma3"}
     response |= {"output": output, "usage": usage(prompt=220, cached=215, output=n)} | fields
     timings = TIMINGS | {"cache_n": 215, "predicted_n": n}
-    return ev({"type": "response.completed", "response": response, "timings": timings})
+    return typed_event({"type": "response.completed", "response": response, "timings": timings})
 
 
 def call_stream(arguments: str, n: int, status: str = "completed") -> list[bytes]:
@@ -458,7 +452,7 @@ def call_stream(arguments: str, n: int, status: str = "completed") -> list[bytes
     pieces = ["{", '"', "city", '":', ' "', "Paris", '"', "}"][: 6 if arguments == CUT else 8]
     assert "".join(pieces) == arguments
     item = call_item(FC, "get_weather", arguments, status)
-    ending = ev({"type": "response.output_item.done", "item": item}) + final([item], n)
+    ending = typed_event({"type": "response.output_item.done", "item": item}) + final([item], n)
     return (
         [start(), call_added(FC, "get_weather") + args(pieces[0])]
         + [args(p) for p in pieces[1:]]

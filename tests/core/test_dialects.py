@@ -10,10 +10,12 @@ from proxy.core.dialects import CHAT_COMPLETIONS, DIALECTS, dialect_for
 from proxy.core.record import ServerTimings
 from proxy.core.request import analyse_request
 from proxy.core.tracker import StreamTracker
+from tests.fakes import sse_frame
 
 
-def sse(*events: bytes) -> bytes:
-    return b"".join(b"data: " + e + b"\n\n" for e in events)
+def sse(*payloads: bytes) -> bytes:
+    """The payloads as consecutive unnamed SSE events."""
+    return b"".join(sse_frame(p) for p in payloads)
 
 
 class TestChoice:

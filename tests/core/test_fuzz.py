@@ -42,7 +42,7 @@ from proxy.core.record import Outcome
 from proxy.core.sse import SSEFramer
 from proxy.core.tracker import StreamTracker
 from tests.conftest import ProxyFactory
-from tests.fakes import DONE, FakeUpstream, all_recordings, load_recording, sse
+from tests.fakes import DONE, FakeUpstream, all_recordings, load_recording, sse, sse_frame
 from tests.terminal import terminal_log
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
@@ -490,7 +490,7 @@ class TestTracker:
     ) -> None:
         """Wrong-typed, deep, huge-number llama JSON: no raise, no wrong-typed Observation field."""
         count()
-        events = b"".join(b"data: " + dump(o) + b"\n\n" for o in objs) + (DONE if done else b"")
+        events = b"".join(sse_frame(dump(o)) for o in objs) + (DONE if done else b"")
         checks.check_tracker(events, data.draw(cuts(events)), True)
         body = dump(objs[0])
         checks.check_tracker(body, data.draw(cuts(body)), False)

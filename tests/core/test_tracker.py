@@ -25,15 +25,11 @@ from tests.fakes import (
     chat_event,
     load_recording,
     make_timings,
+    sse_json,
 )
 
 T0 = 0.0  # the request arrival on the fake clock (exact float arithmetic for recorded times)
 MODEL = "gemma-3-270m-q4_k_m.gguf"  # the model name chat_event() writes
-
-
-def event(obj: Any) -> bytes:
-    """One compact ``data: {json}`` SSE event, as llama-server writes it."""
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 def role() -> bytes:
@@ -144,8 +140,8 @@ class TestSSETimes:
 
     def test_completions_text_is_a_token(self) -> None:
         """A /v1/completions ``text`` choice counts as a token; the empty final text does not."""
-        first = event({"choices": [{"text": " the", "index": 0, "finish_reason": None}]})
-        last = event({"choices": [{"text": "", "index": 0, "finish_reason": "length"}]})
+        first = sse_json({"choices": [{"text": " the", "index": 0, "finish_reason": None}]})
+        last = sse_json({"choices": [{"text": "", "index": 0, "finish_reason": "length"}]})
         obs = run_sse([(0.5, first), (0.75, last), (1.0, DONE)])
         assert obs.first_token_s == 0.5
         assert obs.last_token_s == 0.5
@@ -227,7 +223,7 @@ class TestSSEContent:
 
     def test_model_read_from_first_event(self) -> None:
         """``model`` is the first event's model; a different model later does not replace it."""
-        later = event(
+        later = sse_json(
             {
                 "choices": [{"finish_reason": "stop", "index": 0, "delta": {}}],
                 "model": "other-model",
@@ -238,7 +234,7 @@ class TestSSEContent:
 
     def test_finish_reason_from_last_non_null(self) -> None:
         """finish_reason is the last non-null one; a later usage chunk with no choices keeps it."""
-        usage_chunk = event(
+        usage_chunk = sse_json(
             {
                 "choices": [],
                 "usage": {
@@ -408,7 +404,9 @@ class TestSSEToolCalls:
 class TestSSEErrorsAndUsage:
     def test_error_event(self) -> None:
         """An ``{"error":{...}}`` event yields upstream_error ``type:code``."""
-        err = event({"error": {"code": 500, "message": "Compute error.", "type": "server_error"}})
+        err = sse_json(
+            {"error": {"code": 500, "message": "Compute error.", "type": "server_error"}}
+        )
         obs = run_sse(at_one_per_second([role() + content("x"), err]))
         assert obs.upstream_error == "server_error:500"
         assert obs.done is False
@@ -416,12 +414,12 @@ class TestSSEErrorsAndUsage:
 
     def test_error_without_code(self) -> None:
         """An error object without a code still names its type."""
-        obs = run_sse([(1.0, event({"error": {"type": "server_error", "message": "x"}}))])
+        obs = run_sse([(1.0, sse_json({"error": {"type": "server_error", "message": "x"}}))])
         assert obs.upstream_error == "server_error:"
 
     def test_error_as_string(self) -> None:
         """A bare string error is reported as ``error``."""
-        obs = run_sse([(1.0, event({"error": "boom"}))])
+        obs = run_sse([(1.0, sse_json({"error": "boom"}))])
         assert obs.upstream_error == "error"
 
     def test_no_error(self) -> None:
@@ -431,7 +429,7 @@ class TestSSEErrorsAndUsage:
 
     def test_usage_only_gives_counts(self) -> None:
         """A usage chunk without timings gives ServerTimings with counts only (no ms)."""
-        usage_chunk = event(
+        usage_chunk = sse_json(
             {
                 "choices": [],
                 "usage": {
@@ -452,7 +450,7 @@ class TestSSEErrorsAndUsage:
     )
     def test_usage_bad_completion_tokens_unknown(self, completion_tokens: Any) -> None:
         """A non-integer usage.completion_tokens is read as unknown, so derive() cannot crash."""
-        usage_chunk = event(
+        usage_chunk = sse_json(
             {
                 "choices": [],
                 "usage": {
@@ -468,7 +466,7 @@ class TestSSEErrorsAndUsage:
 
     def test_timings_preferred_over_usage(self) -> None:
         """When both usage and timings are present, the timings object wins."""
-        both = event(
+        both = sse_json(
             {
                 "choices": [],
                 "usage": {
@@ -522,7 +520,7 @@ class TestSSEErrorsAndUsage:
     def test_bool_counts_are_not_counts(self) -> None:
         """A JSON ``true`` in a timings count field is read as unknown, not as 1, and named as
         implausible."""
-        obs = run_sse([(1.0, event({"timings": {"prompt_n": True, "prompt_ms": 12.5}}))])
+        obs = run_sse([(1.0, sse_json({"timings": {"prompt_n": True, "prompt_ms": 12.5}}))])
         assert obs.timings == ServerTimings(
             prompt_n=None, prompt_ms=12.5, implausible=("prompt_n",)
         )
@@ -589,7 +587,7 @@ _TOOL_STREAM = b"".join(
         tool_delta(1, args="}"),
         b"data: not json\n\n",
         finish("tool_calls"),
-        event(
+        sse_json(
             {
                 "choices": [],
                 "usage": {
@@ -611,7 +609,7 @@ _ERROR_STREAM = b"".join(
     [
         role(),
         content("x"),
-        event({"error": {"code": 500, "message": "Compute error.", "type": "server_error"}}),
+        sse_json({"error": {"code": 500, "message": "Compute error.", "type": "server_error"}}),
     ]
 )
 
@@ -1251,7 +1249,7 @@ class TestReasoning:
         too, with their text."""
         messages = analyse_request("POST", "/v1/messages", b"{}").dialect
         thinking = [
-            event(
+            sse_json(
                 {
                     "type": "content_block_delta",
                     "index": 0,
@@ -1264,7 +1262,7 @@ class TestReasoning:
         assert obs.reasoning_text == "Let me think." and obs.reasoning_first_s == 1.0
         responses = analyse_request("POST", "/v1/responses", b"{}").dialect
         deltas = [
-            event({"type": "response.reasoning_text.delta", "delta": t, "item_id": "rs_1"})
+            sse_json({"type": "response.reasoning_text.delta", "delta": t, "item_id": "rs_1"})
             for t in ("Hmm", ", Paris.")
         ]
         obs = run_sse(at_one_per_second(deltas), dialect=responses)

@@ -30,7 +30,7 @@ from proxy.serve.app import ACCOUNTING
 from proxy.serve.keys import MODEL_INFO, SETUP
 from proxy.serve.metrics import per_model_page
 from tests.conftest import ProxyFactory, ProxyUnderTest
-from tests.fakes import DONE, SSE_HEADERS, chat_event, make_timings
+from tests.fakes import DONE, SSE_HEADERS, chat_event, make_timings, typed_event
 
 INPUT_TOKENS = "/v1/chat/completions/input_tokens"
 RESPONSES_INPUT_TOKENS = "/v1/responses/input_tokens"
@@ -414,9 +414,7 @@ class ToyLlama:
             },
             {"type": "message_stop"},
         ]
-        return [
-            f"event: {p['type']}\ndata: ".encode() + orjson.dumps(p) + b"\n\n" for p in payloads
-        ]
+        return [typed_event(p) for p in payloads]
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         model = orjson.loads(await request.read()).get("model")

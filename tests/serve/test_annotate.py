@@ -28,6 +28,7 @@ from tests.fakes import (
     load_recording,
     replay,
     sse,
+    typed_event,
 )
 
 HEADER = "X-Timing-Proxy-Annotate"
@@ -41,11 +42,6 @@ TIMINGS = {
     "predicted_n": 30,
     "predicted_ms": 1010.5,
 }
-
-
-def named(obj: dict[str, Any]) -> bytes:
-    """One event of the Responses or Messages API as llama-server frames it."""
-    return b"event: " + str(obj["type"]).encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
 def responses_stream() -> list[bytes]:
@@ -79,7 +75,7 @@ def responses_stream() -> list[bytes]:
         },
         "timings": TIMINGS,
     }
-    first = named({"type": "response.created", "response": head}) + named(
+    first = typed_event({"type": "response.created", "response": head}) + typed_event(
         {"type": "response.in_progress", "response": head}
     )
     added = {
@@ -87,11 +83,13 @@ def responses_stream() -> list[bytes]:
         "item": {**done_item, "arguments": "", "status": "in_progress"},
     }
     deltas = [
-        named({"type": "response.function_call_arguments.delta", "delta": p, "item_id": fc})
+        typed_event({"type": "response.function_call_arguments.delta", "delta": p, "item_id": fc})
         for p in pieces
     ]
-    deltas[0] = named(added) + deltas[0]
-    final = named({"type": "response.output_item.done", "item": done_item}) + named(completed)
+    deltas[0] = typed_event(added) + deltas[0]
+    final = typed_event({"type": "response.output_item.done", "item": done_item}) + typed_event(
+        completed
+    )
     return [first, *deltas, final]
 
 
@@ -114,7 +112,7 @@ def messages_stream() -> list[bytes]:
     block = {"type": "tool_use", "id": "kJca", "name": "get_weather"}
     pieces = ["{", '"', "city", '":', ' "', "Paris", '"', "}"]
     deltas = [
-        named(
+        typed_event(
             {
                 "type": "content_block_delta",
                 "index": 0,
@@ -124,20 +122,20 @@ def messages_stream() -> list[bytes]:
         for p in pieces
     ]
     deltas[0] = (
-        named({"type": "content_block_start", "index": 0, "content_block": block}) + deltas[0]
+        typed_event({"type": "content_block_start", "index": 0, "content_block": block}) + deltas[0]
     )
     final = (
-        named({"type": "content_block_stop", "index": 0})
-        + named(
+        typed_event({"type": "content_block_stop", "index": 0})
+        + typed_event(
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                 "usage": {"output_tokens": 30},
             }
         )
-        + named({"type": "message_stop"})
+        + typed_event({"type": "message_stop"})
     )
-    return [named(start), *deltas, final]
+    return [typed_event(start), *deltas, final]
 
 
 def recorded(name: str) -> tuple[str, list[bytes]]:

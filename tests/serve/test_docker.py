@@ -5,11 +5,14 @@ docker/compose.yaml and docker/prometheus.yml, check that the ports, names, flag
 they state agree, feed the image's command line to the real CLI parser, and run that command
 line (with the listen address moved to loopback) and docker/healthcheck.py on this machine.
 ``docker compose config`` validates compose.yaml where a compose CLI is installed.
+Every PromQL of the Grafana dashboard is evaluated by Prometheus's own engine (``promtool test
+rules``, Debian package ``prometheus``) over the series of a rendered /metrics page.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -37,8 +40,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.commands.arguments import build_parser
 from proxy.commands.ports import free_port
 from proxy.config import ConfigError, load_config, parse_listen
+from proxy.core.record import Outcome
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
 from proxy.serve.metrics import Metrics
+from tests.llama import real_required
 from tests.serve.test_metrics import BOARD_SAMPLE, every_family_record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -750,66 +755,11 @@ def test_docker_compose_config_accepts_the_file() -> None:
 GRAFANA = DOCKER / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "timing-proxy.json"
 
-PROMQL_FUNCTIONS = frozenset(
-    {
-        # aggregation operators
-        *("sum", "avg", "min", "max", "count", "group", "stddev", "stdvar"),
-        *("topk", "bottomk", "quantile", "count_values"),
-        # functions
-        *("rate", "irate", "increase", "delta", "idelta", "deriv", "predict_linear"),
-        *("histogram_quantile", "histogram_count", "histogram_sum", "histogram_fraction"),
-        *("abs", "ceil", "floor", "round", "clamp", "clamp_min", "clamp_max", "sqrt", "exp"),
-        *("ln", "log2", "log10", "sgn", "scalar", "vector", "time", "timestamp"),
-        *("sort", "sort_desc", "absent", "absent_over_time", "label_replace", "label_join"),
-        *("changes", "resets", "avg_over_time", "min_over_time", "max_over_time"),
-        *("sum_over_time", "count_over_time", "quantile_over_time", "last_over_time"),
-        *("stddev_over_time", "present_over_time"),
-    }
-)
-"""The PromQL functions and aggregation operators a query may call: a misspelt one fails."""
-
-PROMQL_KEYWORDS = frozenset(
-    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
-    | {"and", "or", "unless", "inf", "nan"}
-)
-_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
-_VARIABLE = re.compile(r"\$(?:\{[^}]*\}|\w+)")
-_LABEL_LIST = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
-_IDENTIFIER = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)(\s*\()?")
-_SELECTOR = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)\s*\{([^{}]*)\}")
-_MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)")
+PROMTOOL = os.environ.get("TIMING_PROXY_PROMTOOL", "/usr/bin/promtool")
+"""Prometheus's own tool (Debian package ``prometheus``): its rule unit tests evaluate PromQL
+with Prometheus's engine."""
 _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*([A-Za-z_]\w*)\s*\)$", re.S)
-
-
-def _promql_plain(expr: str) -> str:
-    """``expr`` with string literals emptied and Grafana variables taken out."""
-    return _VARIABLE.sub("", _STRING.sub('""', expr))
-
-
-def promql_metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression selects: every identifier left once strings,
-    label matchers, range and subquery brackets, label lists (``by (…)``, ``on (…)``…),
-    keywords and function calls are taken out. A call of anything but a known function
-    fails the test (a typo would otherwise read as a metric)."""
-    text = _promql_plain(expr)
-    text = re.sub(r"\{[^{}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = _LABEL_LIST.sub(" ", text)
-    names: set[str] = set()
-    for ident, call in _IDENTIFIER.findall(text):
-        if call:
-            assert ident in PROMQL_FUNCTIONS, f"unknown PromQL function {ident!r} in {expr!r}"
-        elif ident.lower() not in PROMQL_KEYWORDS:
-            names.add(ident)
-    return names
-
-
-def promql_matchers(expr: str) -> dict[str, set[str]]:
-    """The label names each metric of ``expr`` is matched on, by metric name."""
-    out: dict[str, set[str]] = {}
-    for name, matchers in _SELECTOR.findall(_promql_plain(expr)):
-        out.setdefault(name, set()).update(_MATCHER.findall(matchers))
-    return out
+_GRAFANA_VARIABLE = re.compile(r"\$\{?(\w+)\}?")
 
 
 def grafana_query(variable: dict[str, Any]) -> str:
@@ -819,35 +769,6 @@ def grafana_query(variable: dict[str, Any]) -> str:
     assert isinstance(text, str)
     found = _LABEL_VALUES.match(text.strip())
     return found.group(1) if found else text
-
-
-@pytest.mark.parametrize(
-    ("expr", "names"),
-    [
-        (
-            'histogram_quantile(0.5, sum by (le, model) (rate(a_bucket{x="{b}",y=~"$v"}'
-            "[$__rate_interval])))",
-            {"a_bucket"},
-        ),
-        (
-            "sum(rate(x_total[5m])) / ignoring(cached) group_left sum(y) by (model)",
-            {"x_total", "y"},
-        ),
-        ("llamacpp:kv_cache_usage_ratio offset 5m > bool 0.5", {"llamacpp:kv_cache_usage_ratio"}),
-        ("max_over_time(z[1h:5m]) * 1e3 + Inf", {"z"}),
-        ('count by (__name__) ({__name__=~"timing_.+"}) or on() vector(0)', set()),
-    ],
-)
-def test_promql_metric_names(expr: str, names: set[str]) -> None:
-    """The PromQL reader finds the selected metrics and nothing else: not functions, label
-    names in matchers or label lists, durations, numbers, keywords or Grafana variables."""
-    assert promql_metric_names(expr) == names
-
-
-def test_promql_reader_refuses_an_unknown_function() -> None:
-    """A misspelt function is reported, not taken for a metric name."""
-    with pytest.raises(AssertionError, match="histogram_quantil"):
-        promql_metric_names("histogram_quantil(0.5, x_bucket)")
 
 
 @pytest.fixture(scope="module")
@@ -874,18 +795,88 @@ def provisioned_datasource() -> dict[str, Any]:
     return source
 
 
+FLEET_ROBOT = "arm-3"
+
+
 @pytest.fixture(scope="module")
-def proxy_page_labels() -> dict[str, set[str]]:
-    """Sample name -> label names on a real /metrics page of the proxy: a Metrics with a
-    fleet label, fed a record that touches every family, rendered with every board gauge."""
-    metrics = Metrics({"robot": "arm-3"})
+def proxy_page_series() -> list[tuple[str, dict[str, str]]]:
+    """(sample name, labels) of every series on a real /metrics page of the proxy: a Metrics
+    with a fleet label, fed a record that touches every family and a failed one, rendered
+    with every board gauge."""
+    metrics = Metrics({"robot": FLEET_ROBOT})
     metrics.observe(every_family_record(0))
+    failed = every_family_record(1)
+    metrics.observe(dataclasses.replace(failed, status=500, outcome=Outcome.UPSTREAM_ERROR))
     page = metrics.render(None, BOARD_SAMPLE).decode()
-    out: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            out.setdefault(sample.name, set()).update(sample.labels)
-    return out
+    return [
+        (sample.name, dict(sample.labels))
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+    ]
+
+
+def _promtool() -> str:
+    found = shutil.which(PROMTOOL)
+    if found is None:
+        reason = f"no promtool at {PROMTOOL} (Debian package: prometheus)"
+        if real_required():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return found
+
+
+def _series(name: str, labels: dict[str, str]) -> str:
+    """A series in Prometheus's notation (label values as quoted strings)."""
+    inner = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def promtool_selects(
+    queries: list[str],
+    series: list[tuple[str, dict[str, str]]],
+    variables: dict[str, str],
+    tmp: Path,
+) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` evaluating each query, its Grafana variables set to
+    ``variables``, over ``series`` (each rising by one a minute for 20 minutes): the run
+    passes when every query parses and returns at least one series at the end."""
+    every = {"__rate_interval": "5m", "__range": "10m", **variables}
+    tests = [
+        {
+            "expr": f"count({_GRAFANA_VARIABLE.sub(lambda m: every[m.group(1)], q)}) > bool 0",
+            "eval_time": "20m",
+            "exp_samples": [{"labels": "{}", "value": 1}],
+        }
+        for q in queries
+    ]
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": _series(name, labels), "values": "0+1x20"} for name, labels in series
+                ],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp / "dashboard_test.yml"
+    path.write_text(json.dumps(unit), encoding="utf-8")  # JSON is YAML
+    return subprocess.run(
+        [_promtool(), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def page_variables(series: list[tuple[str, dict[str, str]]]) -> dict[str, str]:
+    """The dashboard's variables set to what the page's request counter carries."""
+    labels = next(lb for name, lb in series if name == "timing_proxy_requests_total")
+    return {"robot": labels["robot"], "model": labels["model"], "kind": labels["kind"]}
 
 
 def test_grafana_datasource_is_the_compose_prometheus(
@@ -962,29 +953,45 @@ def test_dashboard_structure(
     assert all(v["datasource"]["uid"] == uid for v in variables)
 
 
-def test_every_query_names_metrics_on_the_page(
-    dashboard: dict[str, Any], proxy_page_labels: dict[str, set[str]]
+def test_every_query_selects_series_of_the_page(
+    dashboard: dict[str, Any],
+    proxy_page_series: list[tuple[str, dict[str, str]]],
+    tmp_path: Path,
 ) -> None:
-    """Every metric named in every query of the dashboard is a series on the proxy's
-    /metrics page, and every label a query matches it on is one that series carries."""
+    """Prometheus's own engine (``promtool test rules``), over every series of the proxy's
+    /metrics page, returns series for every query of the dashboard with its variables set to
+    the page's robot, model and kind: every metric, function and matched label exists."""
     queries = dashboard_queries(dashboard)
     assert queries
-    for expr in queries:
-        names = promql_metric_names(expr)
-        assert names, expr
-        missing = names - set(proxy_page_labels)
-        assert not missing, f"{sorted(missing)} not on /metrics: {expr}"
-        for name, labels in promql_matchers(expr).items():
-            assert labels <= proxy_page_labels[name], (
-                f"{name} has no {labels - proxy_page_labels[name]}"
-            )
+    variables = page_variables(proxy_page_series)
+    assert variables["robot"] == FLEET_ROBOT
+    run = promtool_selects(queries, proxy_page_series, variables, tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        'sum(rate(timing_proxy_request_total{robot=~"$robot"}[$__rate_interval]))',
+        "histogram_quantil(0.5, sum by (le) (rate(timing_proxy_prefill_seconds_bucket[5m])))",
+        'sum(rate(timing_proxy_requests_total{robot=~"$robot",board="orin"}[$__rate_interval]))',
+    ],
+    ids=["misspelt-metric", "misspelt-function", "label-the-series-lack"],
+)
+def test_the_promtool_check_fails_a_wrong_query(
+    query: str, proxy_page_series: list[tuple[str, dict[str, str]]], tmp_path: Path
+) -> None:
+    """A misspelt metric, a misspelt function, or a label the page's series do not carry
+    fails the check that passes the dashboard's own queries."""
+    variables = page_variables(proxy_page_series)
+    run = promtool_selects([query], proxy_page_series, variables, tmp_path)
+    assert run.returncode != 0, run.stdout
 
 
 def test_the_panels_a_robot_team_needs(dashboard: dict[str, Any]) -> None:
     """The dashboard reads TTFT and tool-call time, the prefill/decode split, schema prefill
     paid vs saved, the cache split, busted caches (schemas prefilled again, prefill lost by
     cause), draft acceptance, image tokens and the board's power and energy."""
-    used = set().union(*(promql_metric_names(e) for e in dashboard_queries(dashboard)))
     needed = {
         "gen_ai_server_time_to_first_token_seconds_bucket",
         "timing_proxy_tool_call_seconds_bucket",
@@ -999,8 +1006,9 @@ def test_the_panels_a_robot_team_needs(dashboard: dict[str, Any]) -> None:
         "timing_proxy_board_power_watts",
         "timing_proxy_request_energy_joules_bucket",
     }
-    assert needed <= used, sorted(needed - used)
     by = " ".join(dashboard_queries(dashboard))
+    used = {name for name in needed if re.search(rf"\b{re.escape(name)}\{{", by)}
+    assert needed <= used, sorted(needed - used)
     assert re.search(r"schema_prefill_seconds_total\{[^}]*\}\[[^\]]*\]\)\)", by)
     assert "sum by (state)" in by and "sum by (cause)" in by
     assert re.search(r"by \(le, model, kind\) \(rate\(gen_ai_server_time_to_first_token", by)

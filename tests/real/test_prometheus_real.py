@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -43,7 +42,7 @@ from proxy.commands.provision import LlamaServer
 from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.serve.metrics import SECONDS
 from tests.conftest import ProxyProcess, proxy_in_front_of
-from tests.llama import real_required
+from tests.llama import debian_tool
 from tests.llama_variants import GET_WEATHER
 from tests.serve.test_docker import DASHBOARD, dashboard_queries, grafana_query
 
@@ -98,20 +97,10 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
 
-def _prometheus_binary() -> str:
-    found = shutil.which(PROMETHEUS)
-    if found is None:
-        reason = f"no Prometheus at {PROMETHEUS} (Debian package: prometheus)"
-        if real_required():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return found
-
-
 @contextmanager
 def prometheus_scraping(metrics_url: str, folder: Path) -> Iterator[Prometheus]:
     """``prometheus`` scraping ``metrics_url`` every second, its data in ``folder``."""
-    binary = _prometheus_binary()
+    binary = debian_tool(PROMETHEUS, "prometheus")
     target = urllib.parse.urlsplit(metrics_url)
     config = folder / "prometheus.yml"
     # JSON is YAML: no YAML writer needed

@@ -43,7 +43,7 @@ from proxy.config import ConfigError, load_config, parse_listen
 from proxy.core.record import Outcome
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
 from proxy.serve.metrics import Metrics
-from tests.llama import real_required
+from tests.llama import debian_tool
 from tests.serve.test_metrics import BOARD_SAMPLE, every_family_record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -815,16 +815,6 @@ def proxy_page_series() -> list[tuple[str, dict[str, str]]]:
     ]
 
 
-def _promtool() -> str:
-    found = shutil.which(PROMTOOL)
-    if found is None:
-        reason = f"no promtool at {PROMTOOL} (Debian package: prometheus)"
-        if real_required():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return found
-
-
 def _series(name: str, labels: dict[str, str]) -> str:
     """A series in Prometheus's notation (label values as quoted strings)."""
     inner = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
@@ -865,7 +855,7 @@ def promtool_selects(
     path = tmp / "dashboard_test.yml"
     path.write_text(json.dumps(unit), encoding="utf-8")  # JSON is YAML
     return subprocess.run(
-        [_promtool(), "test", "rules", str(path)],
+        [debian_tool(PROMTOOL, "prometheus"), "test", "rules", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,4 +1,5 @@
-"""The invariants the fuzzers check, shared by ``tests/test_fuzz.py`` and the atheris harnesses.
+"""The invariants the fuzzers check, shared by ``tests/core/test_fuzz.py`` and the atheris
+harnesses.
 
 Each ``check_*`` function takes one input, runs the pure code under test on it and raises
 :class:`FuzzFailure` when an invariant breaks:

@@ -13,6 +13,9 @@ that it closed the upstream connection when it should.
 endpoint writing precomputed llama-shaped events (``LLAMA_ROLE_EVENT``, ``llama_token_event``,
 ``llama_final_event``, ``llama_plain_body``), as fast as possible or paced.
 
+Every SSE event a test writes is framed by ``sse_frame``, ``sse_json`` or ``typed_event`` (or
+built on them, as ``chat_event`` is), and every test clock is a ``FakeClock``.
+
 Usage with pytest-aiohttp::
 
     fake = FakeUpstream()
@@ -61,6 +64,30 @@ DONE = b"data: [DONE]\n\n"
 PING = b":\n\n"
 
 Outcome = Literal["pending", "completed", "cancelled", "reset", "died"]
+
+
+# --------------------------------------------------------------------------------------------
+# A clock
+
+
+class FakeClock:
+    """A clock the test sets by hand: calling it answers ``now`` (seconds) and counts the read."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` on."""
+        self.now += seconds
+
+    def ns(self) -> int:
+        """The clock read as epoch nanoseconds (a wall clock such as ``time.time_ns``)."""
+        return round(self() * 1_000_000_000)
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,6 +514,28 @@ def firehose(chunk_size: int = 65536, count: int = 64, done: bool = True) -> Scr
 
 
 # --------------------------------------------------------------------------------------------
+# SSE writers: every event a test writes is framed here
+
+
+def sse_frame(payload: bytes, event: str | None = None) -> bytes:
+    """One SSE event: an ``event:`` line when ``event`` is given, the ``data:`` line holding
+    ``payload`` as it is, and the blank line that ends the event."""
+    head = b"" if event is None else b"event: " + event.encode() + b"\n"
+    return head + b"data: " + payload + b"\n\n"
+
+
+def sse_json(obj: Any, event: str | None = None) -> bytes:
+    """One SSE event whose data is ``obj`` as compact JSON, as llama-server writes it."""
+    return sse_frame(orjson.dumps(obj), event)
+
+
+def typed_event(obj: dict[str, Any]) -> bytes:
+    """One event of the Responses or Messages API as llama-server writes it: the ``event:``
+    line names the data's ``type``."""
+    return sse_json(obj, str(obj["type"]))
+
+
+# --------------------------------------------------------------------------------------------
 # llama-shaped event builders
 
 
@@ -532,7 +581,7 @@ def chat_event(
     }
     if timings is not None:
         obj["timings"] = timings
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return sse_json(obj)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ CI never skips them silently; on a developer's machine they are skipped with the
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -59,6 +60,15 @@ def _unavailable(reason: str) -> NoReturn:
     if real_required():
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
+
+
+def debian_tool(path: str, package: str) -> str:
+    """The executable at ``path`` (or found on PATH), from Debian package ``package``; when it
+    is missing, skip, or fail if real tests are required."""
+    found = shutil.which(path)
+    if found is None:
+        _unavailable(f"no {Path(path).name} at {path} (Debian package: {package})")
+    return found
 
 
 def provision_or_skip(log: Callable[[str], None] | None = None) -> LlamaArtifacts:

@@ -1,5 +1,5 @@
 """Helpers of the prefix-attribution tests against the real server
-(``tests/test_prefix_real.py``): a JSON POST that returns the proxy's request id."""
+(``tests/real/test_prefix_real.py``): a JSON POST that returns the proxy's request id."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ names the same requirement. ``python -m tests.otel_receiver`` builds it ahead of
 
 Phoenix keeps only a span's own attributes: the resource's (``service.name``, the fleet's
 labels) are read for the project name and dropped, so the resource is checked on the wire by
-``tests/test_otel.py`` instead.
+``tests/serve/test_otel.py`` instead.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Qwen3 chat template and a toy tokenizer, as llama-server renders and tokenizes prompts,
-for the tests of prefix attribution (tests/test_prefix.py, test_lineage.py, test_findings.py).
+for the tests of prefix attribution (tests/core/test_prefix.py, test_lineage.py, test_findings.py).
 
 The prompts are rendered as llama-server renders a Qwen3 chat template (the system turn holds
 the tools, one JSON line each inside ``<tools>...</tools>``; the generation prompt is

@@ -1,5 +1,6 @@
-"""Third-party clients for ``tests/test_third_party_real.py``: NVIDIA AIPerf and TrustedRouter's
-provider check, each in a virtualenv of its own, and the tokenizer AIPerf needs offline.
+"""Third-party clients for ``tests/real/test_third_party_real.py``: NVIDIA AIPerf and
+TrustedRouter's provider check, each in a virtualenv of its own, and the tokenizer AIPerf needs
+offline.
 
 ``aiperf`` pulls in about 140 packages (transformers, datasets, plotly, kubernetes…; 1.2 GB)
 that the project's ``.venv`` has no use for and pins differently; the provider check needs

@@ -17,7 +17,7 @@ Each partial and its producer:
 - :class:`BoardFields`: ``proxy.serve.telemetry.Telemetry.sample``
 - :class:`RooflineFields`: ``proxy.serve.model_info.ModelInfo.roofline``
 
-No field belongs to two owners (``tests/test_partials.py`` checks it against the
+No field belongs to two owners (``tests/core/test_partials.py`` checks it against the
 record). Besides the producers, the relay writes three fields by name, each only when the
 producer could not run: ``analysis_error`` (the in-band annotation failed, and the base
 named no other analysis error), ``accounting_error`` (the accounting failed to begin, or

@@ -2,7 +2,7 @@
 
 Each function takes the scenario's recorded requests (as stored in its file) and gives its
 description and, per server it is replayed on, one expectation per request (None for one
-sent straight to llama-server). The servers are those of ``tests/test_corpus_real.py``:
+sent straight to llama-server). The servers are those of ``tests/real/test_corpus_real.py``:
 ``full`` (one slot, ``--swa-full --cache-ram 0``: a changed prompt is reused up to the
 change, an evicted one stays evicted) and ``swa`` (one slot, ``--cache-ram 0``, Gemma 3's
 sliding window as llama-server's default: a changed prompt resumes only from a context

@@ -1,6 +1,6 @@
 """Record the corpus of real agent traffic: ``tests/corpus/NAME.json``, one per scenario.
 
-Run by hand (CI only replays the files, in ``tests/test_corpus_real.py``):
+Run by hand (CI only replays the files, in ``tests/real/test_corpus_real.py``):
 
     python -m tests.corpus.record                      # every scenario
     python -m tests.corpus.record two_agents_one_slot  # some

@@ -1303,12 +1303,16 @@ class TestWhyPrefillWasPaid:
     def test_nothing_to_say_without_attribution(self, tmp_path: Path) -> None:
         """A log without prefix fields (older, another harness's) has no findings, no
         conversations, and no section in the text; attributed requests without a cause
-        say no prefill was lost."""
+        say no prefill was lost, and their conversations are not called the ones that lost
+        the most."""
         old = build_report(load_runs([seed_run(tmp_path, "a.jsonl", 2061.0)]))
         assert (old["findings"], old["conversations"], old["attributed"]) == ([], {}, 0)
         assert "why prefill" not in render_text(old)
         clean = self.report(tmp_path, [attributed(0, "c1", 1), attributed(1, "c1", 2)])
-        assert "no prefill was lost to a cache miss" in render_text(clean)
+        text = render_text(clean)
+        assert "no prefill was lost to a cache miss" in text
+        assert "conversations: the 1 of 1 that paid the most prefill (none lost any)" in text
+        assert "lost the most prefill" not in text
 
     def test_json_document(self, tmp_path: Path) -> None:
         """--json carries findings and conversations."""

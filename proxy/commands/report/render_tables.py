@@ -142,8 +142,10 @@ def _conversation_lines(report: Mapping[str, Any]) -> list[str]:
     seen = report.get("conversations_seen") or len(talks)
     width = max(12, *(len(name) for name in talks))
     cols = ("turns", "requests", "prefill ms", "lost ms")
+    lost = any(t["lost_ms"] for t in talks.values())
+    which = "lost the most prefill to misses" if lost else "paid the most prefill (none lost any)"
     lines = [
-        f"conversations: the {len(talks):,} of {seen:,} that lost the most prefill to misses",
+        f"conversations: the {len(talks):,} of {seen:,} that {which}",
         f"  {'conversation':<{width}}" + "".join(f"{c:>12}" for c in cols),
     ]
     for name, t in talks.items():

@@ -2,17 +2,20 @@
 
 A Messages request asks with ``diagnostics: {"previous_message_id": ID}``, a Responses
 request with ``prompt_cache_options: {"comparison_response_id": ID}`` (the shapes of the
-``anthropic`` and ``openai`` SDKs). The answer (:mod:`proxy.core.diagnostics`) goes into the
-response the API defines for it: Messages' ``diagnostics`` in the body, or in the
-``message`` of a stream's ``message_start``; Responses' ``prompt_cache_diagnostics`` in the
-body, or in the ``response`` of a stream's ``response.completed``. It is appended as the
-object's last member; every other byte of the body or the event stays as llama-server
-wrote it.
+``anthropic`` and ``openai`` SDKs); a Chat Completions request with the Responses option
+(no standard: langchain4j's OpenAI client sends it there). The answer
+(:mod:`proxy.core.diagnostics`) goes into the response the API defines for it: Messages'
+``diagnostics`` in the body, or in the ``message`` of a stream's ``message_start``;
+Responses' ``prompt_cache_diagnostics`` in the body, or in the ``response`` of a stream's
+``response.completed``; Chat Completions' ``prompt_cache_diagnostics`` in the body, or in
+the chunk that carries the counts (:class:`ChatSplitter`). It is appended as the object's
+last member; every other byte of the body or the event stays as llama-server wrote it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +33,10 @@ __all__ = [
     "ANCHOR_EVENTS",
     "UNAVAILABLE_DIAGNOSIS",
     "Asked",
+    "ChatSplitter",
     "answer",
     "asked",
+    "chat_anchor",
     "with_member",
     "with_member_in_event",
 ]
@@ -45,8 +50,10 @@ class Where:
     option: str
     key: str
     field: str
-    event: bytes
-    inner: str
+    event: bytes | None
+    """None: no named event (Chat Completions: :class:`ChatSplitter` finds the chunk)."""
+    inner: str | None
+    """None: the member goes at the event data's top level."""
 
 
 _WHERE = {
@@ -60,9 +67,12 @@ _WHERE = {
         b"event: response.completed\n",
         "response",
     ),
+    "chat_completions": Where(
+        "prompt_cache_options", "comparison_response_id", "prompt_cache_diagnostics", None, None
+    ),
 }
 
-ANCHOR_EVENTS = {api: where.event for api, where in _WHERE.items()}
+ANCHOR_EVENTS = {api: where.event for api, where in _WHERE.items() if where.event is not None}
 """The first bytes of the stream event each API's answer goes into."""
 
 
@@ -73,6 +83,9 @@ class Asked:
 
     api: str
     previous: str | None
+    usage_chunk: bool = False
+    """A Chat Completions stream that asked ``stream_options.include_usage``: the answer goes
+    in the usage chunk, not in the chunk with the ``finish_reason``."""
 
 
 def asked(facts: RequestFacts) -> Asked | None:
@@ -85,7 +98,14 @@ def asked(facts: RequestFacts) -> Asked | None:
     if not isinstance(option, dict) or where.key not in option:
         return None
     previous = option[where.key]
-    return Asked(facts.api, previous if isinstance(previous, str) and previous else None)
+    stream_options = body.get("stream_options")
+    usage_chunk = (
+        facts.api == "chat_completions"
+        and isinstance(stream_options, dict)
+        and stream_options.get("include_usage") is True
+    )
+    named = previous if isinstance(previous, str) and previous else None
+    return Asked(facts.api, named, usage_chunk)
 
 
 def answer(api: str, diagnosis: Diagnosis | None) -> tuple[str, Any]:
@@ -96,7 +116,7 @@ def answer(api: str, diagnosis: Diagnosis | None) -> tuple[str, Any]:
         return where.field, None
     if api == "messages":
         return where.field, anthropic_diagnostics(diagnosis)
-    return where.field, openai_diagnostics(diagnosis)
+    return where.field, openai_diagnostics(diagnosis)  # Responses and Chat Completions
 
 
 UNAVAILABLE_DIAGNOSIS = Diagnosis(UNAVAILABLE)
@@ -159,7 +179,8 @@ def with_member(body: bytes, key: str, value: Any, inner: str | None = None) -> 
 
 def with_member_in_event(event: bytes, api: str, key: str, value: Any) -> bytes:
     """The anchor event (``event:`` and ``data:`` lines, a blank line) with ``key: value``
-    in its data's inner object; as it is when its data is not the expected JSON."""
+    in its data's inner object (Chat Completions: the data's own object); as it is when its
+    data is not the expected JSON."""
     inner = _WHERE[api].inner
     lines = event.split(b"\n")
     for i, line in enumerate(lines):
@@ -170,3 +191,65 @@ def with_member_in_event(event: bytes, api: str, key: str, value: Any) -> bytes:
                 lines[i] = b"data:" + changed
             break
     return b"\n".join(lines)
+
+
+_FINISH = re.compile(rb'"finish_reason" *: *"')
+_USAGE = re.compile(rb'"usage" *: *\{')
+
+
+def chat_anchor(data: Any, usage_chunk: bool) -> bool:
+    """Whether the Chat Completions chunk ``data`` gets the answer: the usage chunk (a
+    ``usage`` object) when the request asked for it, else the chunk with a ``finish_reason``
+    (llama-server sends one choice, so one such chunk; it carries the ``timings``)."""
+    if not isinstance(data, dict):
+        return False
+    if usage_chunk:
+        return isinstance(data.get("usage"), dict)
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and isinstance(c.get("finish_reason"), str) for c in choices)
+
+
+class ChatSplitter:
+    """Finds the Chat Completions chunk that gets the answer (:func:`chat_anchor`), fed the
+    upstream's chunks in order; the same calls as :class:`proxy.core.annotate.Splitter`.
+
+    Whole events go on at once; only an event not yet ended (no blank line seen) is held,
+    since whether it is the one is known only from its whole data.
+    """
+
+    __slots__ = ("_held", "_usage_chunk", "found")
+
+    def __init__(self, usage_chunk: bool) -> None:
+        self._usage_chunk = usage_chunk
+        self._held = b""
+        self.found = False
+
+    def split(self, chunk: bytes) -> tuple[bytes, bytes | None]:
+        """``(now, None)``: write ``now``, the chunk is not in it; ``(before, rest)``:
+        ``rest`` begins with the whole event that gets the answer."""
+        buf = self._held + chunk if self._held else chunk
+        at = 0
+        while (end := buf.find(b"\n\n", at)) >= 0:
+            if self._is_anchor(buf[at:end]):
+                self._held, self.found = b"", True
+                return buf[:at], buf[at:]
+            at = end + 2
+        self._held = buf[at:]
+        return buf[:at], None
+
+    def end(self) -> tuple[bytes, bool]:
+        """The stream ended: the bytes still held (to write as they came)."""
+        held, self._held = self._held, b""
+        return held, not held
+
+    def _is_anchor(self, event: bytes) -> bool:
+        needle = _USAGE if self._usage_chunk else _FINISH
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:") and needle.search(line):
+                try:
+                    return chat_anchor(orjson.loads(line[5:]), self._usage_chunk)
+                except orjson.JSONDecodeError:
+                    return False
+        return False

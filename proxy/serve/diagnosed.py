@@ -1,14 +1,15 @@
 """Prompt-cache diagnostics served, beside the relay: only for a request that asks
 (:func:`proxy.core.cache_answer.asked`); every other response goes as the relay sends it.
 
-:class:`Comparisons` keeps, per response id the proxy relayed (``chatcmpl-…`` of Messages,
-``resp_…`` of Responses), the prompt of its request as the attribution rendered it (token ids
-and sections, no text) and its model, as many as the attribution's history keeps
-(``[accounting] attribution_history``). :class:`Diagnosing` is one asking
-request's answer: a plain body is read whole, gets the answer and its new
+:class:`Comparisons` keeps, per response id the proxy relayed (``chatcmpl-…`` of Messages
+and Chat Completions, ``resp_…`` of Responses), the prompt of its request as the
+attribution rendered it (token ids and sections, no text) and its model, as many as the
+attribution's history keeps (``[accounting] attribution_history``). :class:`Diagnosing` is
+one asking request's answer: a plain body is read whole, gets the answer and its new
 ``Content-Length``; a stream is held at the answer's event (Messages' ``message_start``,
-Responses' ``response.completed``) until the answer is ready, at most :data:`WAIT_S`
-(then it says ``unavailable``), and the bytes before and after that event go as they come.
+Responses' ``response.completed``, Chat Completions' chunk with the counts) until the
+answer is ready, at most :data:`WAIT_S` (then it says ``unavailable``), and the bytes
+before and after that event go as they come.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from proxy.core.cache_answer import (
     ANCHOR_EVENTS,
     UNAVAILABLE_DIAGNOSIS,
     Asked,
+    ChatSplitter,
     answer,
     asked,
     with_member,
@@ -176,7 +178,10 @@ class Diagnosing:
         self._asking = asking
         self._note = note
         self._flush = flush
-        self._splitter = Splitter(Anchor(ANCHOR_EVENTS[asking.api]))
+        event = ANCHOR_EVENTS.get(asking.api)
+        self._splitter: Splitter | ChatSplitter = (
+            Splitter(Anchor(event)) if event is not None else ChatSplitter(asking.usage_chunk)
+        )
         self._event: bytes | None = None
         """The answer's event so far, once its first bytes were seen."""
         self._answered = False
@@ -209,6 +214,8 @@ class Diagnosing:
         if isinstance(obj, dict):
             usage = flight.facts.dialect.usage(obj)
             timings = ServerTimings.from_json(obj.get("timings"))
+            if usage is None or usage.cache_n is None:
+                usage = timings  # a Chat Completions chunk without usage has the timings
         rate = None
         if timings is not None and timings.prompt_ms and timings.prompt_n:
             rate = timings.prompt_ms / timings.prompt_n

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.core.cache_answer import Asked, asked, with_member, with_member_in_event
+from proxy.core.cache_answer import Asked, ChatSplitter, asked, with_member, with_member_in_event
 from proxy.core.request import analyse_request
 
 
@@ -59,3 +59,39 @@ def test_an_event_gets_the_member_in_its_inner_object() -> None:
     )
     broken = b"event: message_start\ndata: {oops\n\n"
     assert with_member_in_event(broken, "messages", "diagnostics", None) == broken
+
+
+def test_chat_completions_asks_with_the_responses_option() -> None:
+    """Chat Completions asks with ``prompt_cache_options.comparison_response_id`` (on both
+    paths); ``stream_options.include_usage`` moves a stream's answer to the usage chunk."""
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    option = {"prompt_cache_options": {"comparison_response_id": "chatcmpl-1"}}
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        facts = analyse_request("POST", path, orjson.dumps(base | option))
+        assert asked(facts) == Asked("chat_completions", "chatcmpl-1")
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    facts = analyse_request("POST", "/v1/chat/completions", orjson.dumps(base | option | usage))
+    assert asked(facts) == Asked("chat_completions", "chatcmpl-1", usage_chunk=True)
+    assert asked(analyse_request("POST", "/v1/chat/completions", orjson.dumps(base))) is None
+
+
+def test_the_chat_splitter_stops_at_the_chunk_with_the_counts() -> None:
+    """The splitter passes whole chunks on, holds only an unfinished one, and stops at the
+    ``finish_reason`` chunk, or at the usage chunk when asked; never at ``[DONE]``."""
+    token = b'data: {"choices":[{"finish_reason":null,"delta":{"content":"a"}}]}\n\n'
+    finish = b'data: {"choices":[{"finish_reason":"stop","delta":{}}],"timings":{}}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n'
+    stream = token + finish + usage + b"data: [DONE]\n\n"
+    splitter = ChatSplitter(usage_chunk=False)
+    assert splitter.split(stream[:10]) == (b"", None)
+    assert splitter.split(stream[10 : len(token) + 5]) == (token, None)
+    assert splitter.split(stream[len(token) + 5 :]) == (b"", finish + usage + b"data: [DONE]\n\n")
+    asked_usage = ChatSplitter(usage_chunk=True)
+    assert asked_usage.split(stream) == (token + finish, usage + b"data: [DONE]\n\n")
+    none = ChatSplitter(usage_chunk=True)
+    assert none.split(token + b"data: [DONE]\n\ndata: {") == (token + b"data: [DONE]\n\n", None)
+    assert none.end() == (b"data: {", False)
+    event = with_member_in_event(finish, "chat_completions", "prompt_cache_diagnostics", None)
+    assert event == finish.replace(
+        b'"timings":{}}', b'"timings":{},"prompt_cache_diagnostics":null}'
+    )

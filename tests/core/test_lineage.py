@@ -13,8 +13,8 @@ import pytest
 
 from proxy.core.lineage import PromptHistory
 from proxy.core.prefix import RenderedPrompt
-from proxy.core.reuse import MIN_CONTENT, RUN
 from proxy.core.turns import MIN_SHARED, Changed, PrefixKind
+from tests.corpus.truth import naive_repeated as truth_repeated
 from tests.qwen3_toy import (
     BOS,
     MS_PER_TOKEN,
@@ -39,26 +39,9 @@ from tests.qwen3_toy import (
 
 
 def naive_repeated(earlier: RenderedPrompt, new: RenderedPrompt, start: int) -> int:
-    """The earlier prompt's tokens from ``start`` on that the new prompt repeats from
-    ``start`` on: from each token, the longest run found anywhere there (every place tried);
-    one of ``RUN`` tokens or more, ``MIN_CONTENT`` of them (or all that remain, at least one)
-    the request's own text (the prompt's content mask), is counted and passed over."""
-    e, tail, own = ids_of(earlier), ids_of(new)[start:], earlier.content
-    total, i = 0, start
-    while i < len(e):
-        longest = 0
-        for j in range(len(tail)):
-            n = 0
-            while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
-                n += 1
-            longest = max(longest, n)
-        needed = max(1, min(MIN_CONTENT, sum(own[i : len(e)])))
-        if longest >= RUN and sum(own[i : i + longest]) >= needed:
-            total += longest
-            i += longest
-        else:
-            i += 1
-    return total
+    """The earlier prompt's tokens from ``start`` on that the new prompt repeats, by the
+    corpus truth's naive search over token ids with the prompt's content mask."""
+    return truth_repeated(ids_of(earlier), ids_of(new), start, own=earlier.content)
 
 
 # --- attribution -------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.reuse import MIN_CONTENT, RUN, repeated_tokens
+from proxy.core.reuse import RUN, repeated_tokens
+from tests.corpus.truth import naive_repeated
 
 
 def as_bytes(ids: list[int]) -> bytes:
@@ -18,28 +19,8 @@ def as_bytes(ids: list[int]) -> bytes:
 def naive(
     earlier: list[int], new: list[int], start: int, stop: int, content: list[int] | None = None
 ) -> int:
-    """From each earlier token in ``[start, stop)``, the longest run of ``earlier`` found
-    anywhere in ``new[start:]`` (every place tried); a run of ``RUN`` tokens or more holding
-    ``MIN_CONTENT`` content tokens, or all that remain and at least one (when a mask is
-    given), is counted and passed over, else
-    the next token is tried."""
-    tail = new[start:]
-    total, i = 0, start
-    while i < stop:
-        longest = 0
-        for j in range(len(tail)):
-            n = 0
-            while i + n < stop and j + n < len(tail) and earlier[i + n] == tail[j + n]:
-                n += 1
-            longest = max(longest, n)
-        own = sum(content[i : i + longest]) if content is not None else MIN_CONTENT
-        needed = max(1, min(MIN_CONTENT, sum(content[i:stop]))) if content is not None else 0
-        if longest >= RUN and own >= needed:
-            total += longest
-            i += longest
-        else:
-            i += 1
-    return total
+    """The corpus truth's naive search (every place tried) over ``[start, stop)``."""
+    return naive_repeated(earlier, new, start, stop, own=content)
 
 
 @st.composite

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "Prompt",
     "Served",
     "first_difference",
+    "naive_repeated",
     "prompt_of",
     "relation",
     "repeated",
@@ -174,26 +176,38 @@ def relation(new: Prompt, earlier: Prompt) -> str:
 
 
 def repeated(earlier: Prompt, new: Prompt, d: int) -> int:
-    """The tokens of ``earlier`` after ``d`` (to its end) that ``new`` holds after ``d``: from
-    each position the longest run of ``earlier`` found anywhere in ``new[d:]``; one of at
-    least :data:`RUN` tokens, :data:`MIN_CONTENT` of them (or all that remain, at least one)
-    starting in the request's own text (:func:`content_of`), is counted and passed over,
-    else the next position is tried."""
-    e, tail, own = earlier.tokens, new.tokens[d:], content_of(earlier)
-    total, i = 0, d
-    while i < len(e):
+    """The tokens of ``earlier`` after ``d`` (to its end) that ``new`` holds after ``d``, by
+    :func:`naive_repeated` with the request's own text (:func:`content_of`)."""
+    return naive_repeated(earlier.tokens, new.tokens, d, own=content_of(earlier))
+
+
+def naive_repeated(
+    earlier: Sequence[int],
+    new: Sequence[int],
+    start: int,
+    stop: int | None = None,
+    own: Sequence[int] | None = None,
+) -> int:
+    """From each token of ``earlier`` in ``[start, stop)`` (``stop``: its end), the longest
+    run of ``earlier`` found anywhere in ``new[start:]`` (every place tried); one of at least
+    :data:`RUN` tokens is counted and passed over, else the next position is tried. With
+    ``own`` (1 for each token of the request's own text), a run counts only when it holds
+    :data:`MIN_CONTENT` such tokens, or all that remain before ``stop`` and at least one."""
+    end = len(earlier) if stop is None else stop
+    tail = new[start:]
+    total, i = 0, start
+    while i < end:
         longest = 0
         for j in range(len(tail)):
             n = 0
-            while i + n < len(e) and j + n < len(tail) and e[i + n] == tail[j + n]:
+            while i + n < end and j + n < len(tail) and earlier[i + n] == tail[j + n]:
                 n += 1
             longest = max(longest, n)
-        needed = max(1, min(MIN_CONTENT, sum(own[i : len(e)])))
-        if longest >= RUN and sum(own[i : i + longest]) >= needed:
-            total += longest
-            i += longest
-        else:
-            i += 1
+        counts = longest >= RUN
+        if counts and own is not None:
+            needed = max(1, min(MIN_CONTENT, sum(own[i:end])))
+            counts = sum(own[i : i + longest]) >= needed
+        total, i = (total + longest, i + longest) if counts else (total, i + 1)
     return total
 
 

@@ -101,9 +101,8 @@ def server_view_proxy(
 def _stream(
     proxy: ProxyProcess, body: dict[str, Any], *, stream: bool = True
 ) -> tuple[dict[str, Any], float, float]:
-    """POST a Chat Completions request (streamed unless told) and read it to the end: its
-    record, and the wall clock (epoch ms) just before the request and just after the
-    response."""
+    """POST a Chat Completions request (streamed unless told), read to the end: its record,
+    and the wall clock (epoch ms) just before the request and just after the response."""
     request = urllib.request.Request(
         proxy.url + "/v1/chat/completions",
         data=json.dumps({"model": MODEL, "stream": stream, **body}).encode(),

@@ -8,7 +8,10 @@ spans are read back through Phoenix's REST API and held against the proxy's own 
 (the ``request_completed`` lines of its log): the span's name, its ``gen_ai.*`` attributes,
 every ``timing_proxy.*`` field, its start (the record's ``ts``, inside the test's own wall
 clock around the request) and duration (``e2e_ms``), the prefill and decode child spans where
-the dashboard draws them, and the first-token and tool-call events.
+the dashboard draws them, and the first-token and tool-call events; and that this proxy, with
+the server view off, stores no SERVER span. A second proxy, with ``[otel] server_spans = true``,
+takes one streamed and one non-streamed chat: its SERVER span under the request's span, and
+the queue, prefill and decode under that, held against the record the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pytest
 from proxy.commands.provision import LlamaServer
 from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.core.record import Record
+from proxy.core.spans import present
 from proxy.serve.otel import PROVIDER, phases
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama_variants import GET_WEATHER
@@ -80,12 +84,28 @@ def traced_proxy(
         yield proxy
 
 
-def _stream(proxy: ProxyProcess, body: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
-    """POST a streamed Chat Completions request and read it to the end: its record, and the
-    wall clock (epoch ms) just before the request and just after the response."""
+@pytest.fixture(scope="module")
+def server_view_proxy(
+    llama_server: LlamaServer, phoenix: Phoenix, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
+    """The same, with ``[otel] server_spans = true``: llama-server's side as a SERVER span."""
+    folder = tmp_path_factory.mktemp("server-view-proxy")
+    config = folder / "config.toml"
+    config.write_text(
+        f'[otel]\nendpoint = "{phoenix.otlp_endpoint}"\nserver_spans = true\n', encoding="utf-8"
+    )
+    with proxy_in_front_of(llama_server.url, folder, config=config) as proxy:
+        yield proxy
+
+
+def _stream(
+    proxy: ProxyProcess, body: dict[str, Any], *, stream: bool = True
+) -> tuple[dict[str, Any], float, float]:
+    """POST a Chat Completions request (streamed unless told), read to the end: its record,
+    and the wall clock (epoch ms) just before the request and just after the response."""
     request = urllib.request.Request(
         proxy.url + "/v1/chat/completions",
-        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
+        data=json.dumps({"model": MODEL, "stream": stream, **body}).encode(),
         headers={"Content-Type": "application/json"},
     )
     before = time.time() * 1000
@@ -109,6 +129,23 @@ def _stored(phoenix: Phoenix, request_id: str) -> dict[str, dict[str, Any]]:
             if len(children) >= _expected_children(root):
                 return {"root": root, **{s["name"]: s for s in children}}
         assert time.monotonic() < deadline, f"no span for {request_id} in Phoenix"
+        time.sleep(0.5)
+
+
+def _trace(phoenix: Phoenix, request_id: str, size: int) -> list[dict[str, Any]]:
+    """Every span of the trace holding the request's span, once ``size`` of them arrived."""
+    deadline = time.monotonic() + EXPORT_WITHIN
+    while True:
+        spans = phoenix.spans()
+        traces = {
+            s["context"]["trace_id"]
+            for s in spans
+            if s["attributes"].get("timing_proxy.id") == request_id
+        }
+        trace = [s for s in spans if s["context"]["trace_id"] in traces]
+        if len(trace) >= size:
+            return trace
+        assert time.monotonic() < deadline, f"{len(trace)} spans of {request_id} in Phoenix"
         time.sleep(0.5)
 
 
@@ -155,8 +192,12 @@ def _check_span(
     }
     assert {k: attrs.get(k) for k in expected} == expected
     # the newer GenAI names: a stream's first chunk in seconds; counts only where recorded
-    assert attrs["gen_ai.request.stream"] is True
-    assert attrs["gen_ai.response.time_to_first_chunk"] == pytest.approx(record["ttft_ms"] / 1000)
+    assert attrs["gen_ai.request.stream"] is record["stream"]
+    if record["stream"]:
+        first_chunk = attrs["gen_ai.response.time_to_first_chunk"]
+        assert first_chunk == pytest.approx(record["ttft_ms"] / 1000)
+    else:
+        assert "gen_ai.response.time_to_first_chunk" not in attrs
     for name, field in (("cache_read.input", "cache_n"), ("reasoning.output", "reasoning_tokens")):
         assert attrs.get(f"gen_ai.usage.{name}_tokens") == record.get(field), name
     assert attrs.get("gen_ai.usage.image.input_tokens") == record.get("image_tokens")
@@ -192,9 +233,12 @@ def _check_phases(stored: dict[str, dict[str, Any]], record: dict[str, Any]) -> 
 def _check_events(stored: dict[str, dict[str, Any]], record: dict[str, Any]) -> None:
     root = stored["root"]
     events = {e["name"]: e for e in root["events"]}
-    assert _offset_ms(events["first token"]["timestamp"], root) == pytest.approx(
-        record["ttft_ms"], abs=TIME_TOLERANCE_MS
-    )
+    if record["ttft_ms"] is None:  # a non-streamed response: no first token to see
+        assert "first token" not in events
+    else:
+        assert _offset_ms(events["first token"]["timestamp"], root) == pytest.approx(
+            record["ttft_ms"], abs=TIME_TOLERANCE_MS
+        )
     if record["tool_calls"]:
         call = events["tool call complete"]
         assert _offset_ms(call["timestamp"], root) == pytest.approx(
@@ -202,6 +246,17 @@ def _check_events(stored: dict[str, dict[str, Any]], record: dict[str, Any]) -> 
         )
     else:
         assert "tool call complete" not in events
+
+
+def _check_no_server_view(phoenix: Phoenix, stored: dict[str, dict[str, Any]]) -> None:
+    """Without ``server_spans`` the trace is the request's span and its prefill and decode:
+    no second span of the call's name (the SERVER span), no queue, nothing under a phase."""
+    root = stored["root"]
+    trace = _trace(phoenix, root["attributes"]["timing_proxy.id"], 3)
+    assert sorted(s["name"] for s in trace) == sorted([root["name"], "decode", "prefill"])
+    children = [s for s in trace if s is not root and s["parent_id"] is not None]
+    assert all(s["parent_id"] == root["context"]["span_id"] for s in children)
+    assert [s["span_kind"] for s in children] == ["UNKNOWN", "UNKNOWN"]
 
 
 def _dump(stored: dict[str, dict[str, Any]], folder: Path) -> None:
@@ -213,7 +268,7 @@ def test_chat_span_as_phoenix_stored_it(
     traced_proxy: ProxyProcess, phoenix: Phoenix, tmp_path: Path
 ) -> None:
     """A streamed chat request's span, its children and events, as Phoenix stored them,
-    agree with the proxy's record of the request."""
+    agree with the proxy's record of the request, and no SERVER span is among them."""
     record, before, after = _stream(traced_proxy, CHAT_BODY)
     assert record["kind"] == "chat"
     stored = _stored(phoenix, record["id"])
@@ -221,13 +276,15 @@ def test_chat_span_as_phoenix_stored_it(
     _check_span(stored, record, before, after)
     _check_phases(stored, record)
     _check_events(stored, record)
+    _check_no_server_view(phoenix, stored)
 
 
 def test_tool_span_as_phoenix_stored_it(
     traced_proxy: ProxyProcess, phoenix: Phoenix, tmp_path: Path
 ) -> None:
     """A streamed tool request: the same agreement, and the tool call's event at
-    ``tool_call_ms`` when the model called the tool (none when it answered in text)."""
+    ``tool_call_ms`` when the model called the tool (none when it answered in text), and no
+    SERVER span."""
     record, before, after = _stream(traced_proxy, TOOL_BODY)
     assert record["kind"] == "tool"
     stored = _stored(phoenix, record["id"])
@@ -235,3 +292,109 @@ def test_tool_span_as_phoenix_stored_it(
     _check_span(stored, record, before, after)
     _check_phases(stored, record)
     _check_events(stored, record)
+    _check_no_server_view(phoenix, stored)
+
+
+def _server_tree(
+    trace: list[dict[str, Any]], record: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """The request's span, its one child (the SERVER span), and that one's children by name;
+    nothing else in the trace."""
+    (root,) = [s for s in trace if s["attributes"].get("timing_proxy.id") == record["id"]]
+    under_root = [s for s in trace if s["parent_id"] == root["context"]["span_id"]]
+    assert [s["name"] for s in under_root] == [root["name"]]
+    server = under_root[0]
+    phases_ = {s["name"]: s for s in trace if s["parent_id"] == server["context"]["span_id"]}
+    assert len(trace) == 2 + len(phases_)
+    return root, server, phases_
+
+
+def _check_server_span(
+    root: dict[str, Any], server: dict[str, Any], record: dict[str, Any]
+) -> None:
+    """The SERVER span: named as the request's, in its trace, from its start to the decode's
+    end; llama-server's ``gen_ai.*``, ``server.*`` and ``http.*`` attributes and the phases
+    as ``gen_ai.latency.*`` seconds, no token usage and no record fields."""
+    prefill, decode = phases(Record.from_dict(record))
+    assert prefill is not None and decode is not None
+    assert server["name"] == f"chat {MODEL}"
+    assert server["context"]["trace_id"] == root["context"]["trace_id"]
+    # Phoenix keeps no OTLP span kind: both are its LLM kind, read from gen_ai.operation.name
+    assert (root["span_kind"], server["span_kind"]) == ("LLM", "LLM")
+    assert server["status_code"] != "ERROR"
+    assert server["start_time"] == root["start_time"]
+    assert _offset_ms(server["end_time"], root) == pytest.approx(decode[1], abs=TIME_TOLERANCE_MS)
+    attrs = root["attributes"]
+    expected = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": MODEL,
+        "gen_ai.response.model": attrs["gen_ai.response.model"],
+        "server.address": attrs["server.address"],
+        "server.port": attrs["server.port"],
+        "http.request.method": record["method"],
+        "url.path": record["path"],
+        "http.response.status_code": record["status"],
+    }
+    latency = {
+        "gen_ai.latency.time_in_queue": prefill[0] / 1000,
+        "gen_ai.latency.time_in_model_prefill": record["prefill_ms"] / 1000,
+        "gen_ai.latency.time_in_model_decode": record["decode_ms"] / 1000,
+        "gen_ai.latency.time_in_model_inference": (record["prefill_ms"] + record["decode_ms"])
+        / 1000,
+        "gen_ai.latency.e2e": record["e2e_ms"] / 1000,
+    }
+    if record["ttft_ms"] is not None:  # a stream's; a non-streamed response has none
+        latency["gen_ai.latency.time_to_first_token"] = record["ttft_ms"] / 1000
+    got = server["attributes"]
+    named = {k: v for k, v in got.items() if k.startswith(("gen_ai.", "server.", "http.", "url."))}
+    assert {k: v for k, v in named.items() if k not in latency} == expected
+    assert {k: v for k, v in named.items() if k in latency} == pytest.approx(latency)
+    # the usage stays on the request's span, so Phoenix's token counts are not doubled
+    assert not [k for k in got if k.startswith(("llm.token_count.", "timing_proxy."))]
+    assert attrs["llm.token_count.prompt"] == record["prompt_tokens"]
+
+
+def _check_server_phases(
+    root: dict[str, Any], phases_: dict[str, dict[str, Any]], record: dict[str, Any]
+) -> None:
+    """queue from the arrival to the prefill's start (with ``overhead_ms``), then the prefill
+    for ``prefill_ms`` and the decode for ``decode_ms``, where the dashboard draws them."""
+    prefill, decode = phases(Record.from_dict(record))
+    assert prefill is not None and decode is not None
+    queue = {"queue": (0.0, prefill[0])} if prefill[0] > 0 else {}  # absent at 0: the code's rule
+    places = {**queue, "prefill": prefill, "decode": decode}
+    lengths = {"prefill": record["prefill_ms"], "decode": record["decode_ms"]}
+    assert sorted(phases_) == sorted(places)
+    for name, (start, end) in places.items():
+        span = phases_[name]
+        assert span["span_kind"] == "UNKNOWN"
+        assert _offset_ms(span["start_time"], root) == pytest.approx(start, abs=TIME_TOLERANCE_MS)
+        assert _offset_ms(span["end_time"], root) == pytest.approx(end, abs=TIME_TOLERANCE_MS)
+        if name in lengths:
+            assert _offset_ms(span["end_time"], span) == pytest.approx(
+                lengths[name], abs=2 * TIME_TOLERANCE_MS
+            )
+    if queue:  # overhead_ms (ttft_ms - prefill_ms) is a stream's only
+        overhead = {"timing_proxy.overhead_ms": record["overhead_ms"]}
+        assert phases_["queue"]["attributes"] == present(overhead)
+    assert phases_["prefill"]["attributes"]["timing_proxy.prefill_ms"] == record["prefill_ms"]
+    assert phases_["decode"]["attributes"]["timing_proxy.decode_ms"] == record["decode_ms"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "non-streamed"])
+def test_server_view_as_phoenix_stored_it(
+    server_view_proxy: ProxyProcess, phoenix: Phoenix, tmp_path: Path, stream: bool
+) -> None:
+    """With ``server_spans`` on, a chat request's span holds one SERVER span with queue,
+    prefill and decode under it, as Phoenix stored them, agreeing with the record."""
+    record, before, after = _stream(server_view_proxy, CHAT_BODY, stream=stream)
+    assert record["stream"] is stream
+    prefill, _ = phases(Record.from_dict(record))
+    trace = _trace(phoenix, record["id"], 4 + (prefill is not None and prefill[0] > 0))
+    _dump({s["context"]["span_id"]: s for s in trace}, tmp_path)
+    root, server, phases_ = _server_tree(trace, record)
+    _check_span({"root": root}, record, before, after)
+    _check_events({"root": root}, record)
+    _check_server_span(root, server, record)
+    _check_server_phases(root, phases_, record)

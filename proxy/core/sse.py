@@ -13,12 +13,14 @@ Memory is capped: when an event's data held plus its current line (field name in
 would exceed ``max_event_bytes``, the event is dropped, later lines up to its blank line are
 ignored unparsed, and ``oversized`` counts it. LF-only input (llama-server's
 ``data: {json}\\n\\n``) takes a fast path: a whole one-line ``data:`` event costs one
-``find`` and one slice, with no per-byte work.
+``find`` and one slice, with no per-byte work; a chunk that is exactly one such event, which
+is how llama-server writes its streams, is checked and sliced without entering the loop.
 """
 
 from __future__ import annotations
 
 from contextlib import suppress
+from functools import partial
 from typing import NamedTuple
 
 __all__ = ["SSEEvent", "SSEFramer"]
@@ -35,6 +37,12 @@ class SSEEvent(NamedTuple):
     event: str = "message"
     id: str | None = None
     retry: int | None = None
+
+
+_event = partial(tuple.__new__, SSEEvent)
+"""``_event((data, event, id, retry))``: an :class:`SSEEvent`, made as the named tuple's own
+constructor makes it (``tuple.__new__``) without that constructor's Python-level call, once
+per event of every stream."""
 
 
 class SSEFramer:
@@ -57,6 +65,7 @@ class SSEFramer:
         self._skipping = False  # dropping an oversized event up to its blank line
         self._discarding = False  # skipping and mid-line: drop bytes up to the next LF
         self._trailing_cr = False  # last chunk ended in CR: a leading LF is its CRLF half
+        self._simple = False  # idle after the last chunk: a chunk of one whole event frames alone
 
     @property
     def buffered(self) -> int:
@@ -77,6 +86,19 @@ class SSEFramer:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume ``chunk`` and return the events it completes; never raises."""
+        if (  # the chunk is one whole one-line ``data:`` event: how llama-server writes
+            self._simple
+            and type(chunk) is bytes
+            and chunk.endswith(b"\n\n")
+            and chunk.startswith(b"data:")
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk.find(b"\r") < 0
+            and len(chunk) - 2 <= self.max_event_bytes
+        ):
+            self.events += 1
+            start = 6 if chunk.startswith(b" ", 5) else 5
+            return [_event((chunk[start:-2], "message", self._last_id, None))]
+        self._simple = False  # until this chunk is framed
         out: list[SSEEvent] = []
         if (
             self._head is not None
@@ -109,7 +131,7 @@ class SSEFramer:
                 and i - pos <= cap
             ):  # fast path: a whole one-line ``data:`` event
                 s = pos + 6 if startswith(b" ", pos + 5) else pos + 5
-                out.append(SSEEvent(chunk[s:i], "message", self._last_id))
+                out.append(_event((chunk[s:i], "message", self._last_id, None)))
                 pos = i + 2
             else:
                 self._line(chunk[pos:i])
@@ -117,6 +139,7 @@ class SSEFramer:
         if pos < n:  # an unterminated line remains
             self._hold(memoryview(chunk)[pos:])
         self.events += len(out)
+        self._simple = self.idle
         return out
 
     def _normalise(self, chunk: bytes) -> bytes:

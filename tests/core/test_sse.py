@@ -348,6 +348,29 @@ class TestLlamaServer:
         assert chunked == whole
         assert counters(f2) == counters(f1)
 
+    @pytest.mark.parametrize(
+        "chunks",
+        [
+            [BOM + b"data: a\n\n", b"data: b\n\n"],  # the first chunk settles the BOM
+            [b"id: 7\n\n", b"data: a\n\n", b"data:b\n\n"],  # the last id is kept
+            [b"event: x\n", b"data: a\n\n", b"data: b\n\n"],  # inside an event: a line
+            [b"data: a\n", b"data: b\n\n", b"data: c\n\n"],  # a second data line
+            [b"data: a", b"data: b\n\n", b"data: c\n\n"],  # the end of an open line
+            [b"data: a\r", b"\ndata: b\n\n", b"data: c\n\n"],  # a CRLF cut in two
+            [b"data: a\r\n\r\n", b"data: b\r\n\r\n"],  # CRLF events
+            [b"data: 0123456789\n\n", b"data: b\n\n"],  # over the cap: dropped
+            [b": ping\n\n", b"data: a\n\n", b"retry: 5\n\n", b"data: b\n\n"],
+            [b"data: a\n\n", bytearray(b"data: b\n\n"), b"data: c\n\n"],  # not bytes
+        ],
+    )
+    def test_chunks_of_one_whole_event_frame_as_the_stream_does(self, chunks: list[bytes]) -> None:
+        """A chunk that is exactly one ``data:`` event (how llama-server writes) frames to
+        the same events and counters as the stream fed whole, whatever came before it."""
+        whole, f1 = run([b"".join(chunks)], cap=12)
+        chunked, f2 = run(chunks, cap=12)
+        assert chunked == whole
+        assert counters(f2) == counters(f1)
+
 
 # --- property tests --------------------------------------------------------------------
 

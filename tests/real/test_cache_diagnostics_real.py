@@ -5,7 +5,10 @@ Qwen3 template, ``-t 1``).
 Turn 1, then turn 2 whose system prompt's clock moved (10:00 → 10:01) naming turn 1's id:
 the SDK's own object says the system prompt changed, with the missed tokens the record's
 ``prefill_lost_tokens``; streamed and not. A turn 2 that only appends says nothing was
-missed. Run with ``-s`` to see each answer as the SDK parsed it.
+missed. Chat Completions, which has no standard, takes the Responses option through the
+``openai`` SDK's ``extra_body`` and finds the answer among the completion's (or the usage
+chunk's) extra fields; a turn that does not ask gets none. Run with ``-s`` to see each
+answer as the SDK parsed it.
 """
 
 from __future__ import annotations
@@ -209,3 +212,86 @@ def test_openai_sdk_reads_cache_hit(proxy: ProxyProcess) -> None:
     _show("openai create, appended", second["prompt_cache_options"], diagnostics, record)
     assert record["prefix_kind"] == "extends" and record["prefill_cause"] is None
     assert diagnostics is not None and diagnostics.type == "cache_hit"
+
+
+# -- openai, Chat Completions ------------------------------------------------------------
+
+
+def _chat(system: str, more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "model": "gemma",
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": QUESTION},
+            *(more or []),
+        ],
+        "extra_body": dict(NO_THINKING),
+    }
+
+
+def _completion(client: OpenAI, args: dict[str, Any], stream: bool) -> tuple[str, Any, str]:
+    """(the completion's id, the ``prompt_cache_diagnostics`` the SDK kept among its extra
+    fields, the proxy's request id); streamed with the usage chunk asked for."""
+    if not stream:
+        raw = client.chat.completions.with_raw_response.create(**args)
+        completion = raw.parse()
+        extra = completion.model_extra or {}
+        return completion.id, extra.get("prompt_cache_diagnostics"), raw.headers[REQUEST_ID]
+    args = {**args, "stream_options": {"include_usage": True}}
+    with client.chat.completions.with_streaming_response.create(**args, stream=True) as streamed:
+        request_id = streamed.headers[REQUEST_ID]
+        chunks = list(streamed.parse())
+    found = [
+        c.model_extra["prompt_cache_diagnostics"]
+        for c in chunks
+        if c.model_extra and "prompt_cache_diagnostics" in c.model_extra
+    ]
+    assert len(found) <= 1
+    return chunks[0].id, found[0] if found else None, request_id
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+def test_openai_chat_completions_reads_input_changed(proxy: ProxyProcess, stream: bool) -> None:
+    """The same option in ``extra_body`` on Chat Completions: the completion (the usage
+    chunk when streamed) carries ``prompt_cache_diagnostics`` in the Responses shape,
+    ``input_changed`` with the record's ``prefill_lost_tokens`` as ``cache_missed_tokens``."""
+    client = OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    system = SYSTEM.format(arm=f"chat {stream}")
+    first, _, _ = _completion(client, _chat(system), stream)
+    second = _chat(system.replace("10:00", "10:01"))
+    option = {"comparison_response_id": first}
+    second["extra_body"]["prompt_cache_options"] = option
+    _, diagnostics, request_id = _completion(client, second, stream)
+    record = proxy.record(request_id, within=30)
+    print(
+        json.dumps(
+            {
+                "call": f"chat {'stream' if stream else 'create'}",
+                "asked": option,
+                "sdk_extra": diagnostics,
+                "record": {
+                    k: record.get(k)
+                    for k in ("prefix_kind", "prefill_cause", "prefill_lost_tokens", "cache_n")
+                },
+            }
+        )
+    )
+    assert record["prefill_cause"] == "system_prompt_changed"
+    assert record["prefill_lost_tokens"] > 0
+    assert diagnostics is not None
+    assert (diagnostics["type"], diagnostics["reason"]) == ("cache_miss", "input_changed")
+    assert diagnostics["cache_missed_tokens"] == record["prefill_lost_tokens"]
+
+
+def test_openai_chat_completions_without_the_option_says_nothing(proxy: ProxyProcess) -> None:
+    """A Chat Completions turn after the clock moved that does not ask: no
+    ``prompt_cache_diagnostics`` anywhere, streamed, though the record names the cause."""
+    client = OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    system = SYSTEM.format(arm="chat unasked")
+    _completion(client, _chat(system), True)
+    _, diagnostics, request_id = _completion(client, _chat(system.replace("10:00", "10:01")), True)
+    record = proxy.record(request_id, within=30)
+    assert record["prefill_cause"] == "system_prompt_changed"
+    assert diagnostics is None

@@ -28,6 +28,9 @@ from proxy.core.tracker import Observation
 from proxy.serve.app import SINKS, build_admin_app, build_app
 from tests.fakes import FakeUpstream
 from tests.llama import llama_artifacts, llama_server  # noqa: F401
+from tests.profiles import use_dev_profile_off_ci
+
+use_dev_profile_off_ci()
 
 
 @dataclass

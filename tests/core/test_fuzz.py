@@ -43,6 +43,7 @@ from proxy.core.sse import SSEFramer
 from proxy.core.tracker import StreamTracker
 from tests.conftest import ProxyFactory
 from tests.fakes import DONE, FakeUpstream, all_recordings, load_recording, sse, sse_frame
+from tests.profiles import examples
 from tests.terminal import terminal_log
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
@@ -88,9 +89,9 @@ def count(
     record_property("inputs", INPUTS[name] - before)
 
 
-def _settings(examples: int) -> settings:
+def _settings(full: int) -> settings:
     return settings(
-        max_examples=examples * SCALE,
+        max_examples=examples(full) * SCALE,
         deadline=None,
         suppress_health_check=[
             HealthCheck.too_slow,

@@ -32,6 +32,7 @@ from proxy.core.stats import (
     summarize_cache,
     summarize_kind,
 )
+from tests.profiles import examples
 
 GC_NOISE = 4
 """Objects the collector tracks that may appear or vanish between two counts for reasons
@@ -833,7 +834,7 @@ class TestHistogramError:
         values = [draw(rng) if rng.random() > 0.2 else None for _ in range(20_000)]
         assert_within_bound(push(values, 5000), window_of(values, 5000))
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(
         values=st.lists(
             st.one_of(

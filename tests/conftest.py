@@ -83,10 +83,13 @@ async def fake(aiohttp_server: Any) -> tuple[FakeUpstream, TestServer]:
 
 
 @pytest.fixture
-def make_proxy(aiohttp_client: Any) -> ProxyFactory:
+def make_proxy(aiohttp_server: Any, aiohttp_client: Any) -> ProxyFactory:
     """Start the proxy against an upstream URL, with config overrides per section.
 
-    Accounting is off unless a test passes ``accounting={"enabled": True}``.
+    Accounting is off unless a test passes ``accounting={"enabled": True}``. The proxies
+    stop before the test's ``aiohttp_server`` upstreams (fixtures end in the reverse order
+    of their start): an upstream stopping first can accept a background read of the proxy
+    (``/props``) as it closes and then wait for that read's own timeout.
     """
 
     async def start(upstream_url: str, **sections: dict[str, object]) -> ProxyUnderTest:

@@ -9,6 +9,7 @@ import counts, also those inside functions and under ``TYPE_CHECKING``.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def modules() -> dict[str, ast.Module]:
+    """Each module of proxy/ by name, parsed once per run (the tests only read the trees)."""
     return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -73,8 +76,9 @@ def layer(name: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else ""
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
-    """Module -> the proxy modules it imports."""
+    """Module -> the proxy modules it imports (computed once per run: only read)."""
     found = modules()
     return {
         name: {dep for dep in imported(name, tree) if dep in found and dep != name}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -225,6 +226,15 @@ def proxy_process(
     """``python -m proxy serve`` in front of the real llama-server."""
     with proxy_in_front_of(llama_server.url, tmp_path_factory.mktemp("proxy")) as proxy:
         yield proxy
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Once every test module is imported, move what is alive (the modules, the SDKs' types,
+    the collected tests) out of the collector's generations, as ``python -m proxy serve``
+    does at start: each full collection during the run then walks only what the tests
+    made, not millions of long-lived objects (each walk of them took about 0.4 s)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

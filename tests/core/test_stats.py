@@ -816,7 +816,10 @@ class TestHistogramError:
         assert got == quantiles(sorted(SEED_TOOL_TOTALS))
         assert got["p50"] == 2061.0
 
-    @pytest.mark.parametrize("seed", [1, 2, 3])
+    # about 1 s each: the fast loop draws one seed per law, the whole suite three
+    @pytest.mark.parametrize(
+        "seed", [1, *(pytest.param(s, marks=pytest.mark.slow) for s in (2, 3))]
+    )
     @pytest.mark.parametrize(
         "draw",
         [

@@ -617,6 +617,7 @@ class TestGracefulShutdown:
         assert record.outcome is Outcome.SHUTDOWN_ABORTED
         assert record.status == 200 and record.ttft_ms is not None
 
+    @pytest.mark.slow  # a process of its own that drains for 1 s: about 3 s
     async def test_sigterm_to_the_serve_process(self, fake: Fake, tmp_path: Path) -> None:
         """``python -m proxy serve`` drains for shutdown_drain_s on SIGTERM, logs, and exits 0."""
         upstream, server = fake

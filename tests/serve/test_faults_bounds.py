@@ -10,6 +10,7 @@ import tracemalloc
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.core.bounded import Bounded
 from proxy.core.tracker import MAX_ARGUMENT_BYTES
@@ -97,6 +98,7 @@ def _held_by_the_proxy() -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
+@pytest.mark.slow  # tracemalloc over sixteen 4,000-word prompts: 10-25 s
 async def test_attribution_stays_within_its_bytes(toy: ToyLlama, make_proxy: ProxyFactory) -> None:
     """Sixteen distinct long prompts with 0.5 MiB for attribution: the cached renderings and
     the held prompts each stay within 0.5 MiB, and what the proxy's code holds (objects

@@ -559,7 +559,7 @@ class TestGracefulShutdown:
     ) -> None:
         """A stream that ends inside the drain time reaches [DONE]; new connections are refused."""
         upstream, server = fake
-        upstream.script = routed({"/v1/models": NO_MODELS}, slow_steady(8, 0.1))
+        upstream.script = routed({"/v1/models": NO_MODELS}, slow_steady(8, 0.05))
         served = await serve_like_run(_url(server), server={"shutdown_drain_s": 3.0})
         async with aiohttp.ClientSession() as client:
             resp = await client.post(served.url + "/v1/chat/completions", data=CHAT_BODY)

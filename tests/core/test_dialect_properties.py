@@ -39,6 +39,7 @@ from proxy.core.request import analyse_request
 from proxy.core.tracker import StreamTracker
 from tests import sdk_reference as sdk
 from tests.fakes import FakeClock, sse_json, typed_event
+from tests.profiles import examples
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -47,11 +48,11 @@ MODEL = "gemma3"
 PING = b":\n\n"
 
 PROPERTY = settings(
-    max_examples=100,
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-PER_PATH = settings(PROPERTY, max_examples=50)
+PER_PATH = settings(PROPERTY, max_examples=examples(50))
 
 
 # --------------------------------------------------------------------------------------------

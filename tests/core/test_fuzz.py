@@ -43,10 +43,12 @@ from proxy.core.sse import SSEFramer
 from proxy.core.tracker import StreamTracker
 from tests.conftest import ProxyFactory
 from tests.fakes import DONE, FakeUpstream, all_recordings, load_recording, sse, sse_frame
+from tests.profiles import examples
 from tests.terminal import terminal_log
 
 FULL = os.environ.get("TIMING_PROXY_SOAK") == "full"
 SCALE = 20 if FULL else 1
+SLOW = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 #: Inputs tried per fuzz target in this run (printed at the end of the module).
@@ -88,9 +90,9 @@ def count(
     record_property("inputs", INPUTS[name] - before)
 
 
-def _settings(examples: int) -> settings:
+def _settings(full: int) -> settings:
     return settings(
-        max_examples=examples * SCALE,
+        max_examples=examples(full) * SCALE,
         deadline=None,
         suppress_health_check=[
             HealthCheck.too_slow,
@@ -205,10 +207,11 @@ class TestFramer:
         ("name", "unit"),
         [
             ("one endless line", b"z" * 97),
-            ("endless event of CR-terminated data lines", b"data: z\r"),
+            # the shorter the lines, the longer 2 MiB of them take under tracemalloc (2-3 s)
+            pytest.param("endless event of CR-terminated data lines", b"data: z\r", marks=SLOW),
             ("endless event of data lines", b"data: 0123456789\n"),
-            ("endless comment lines", b": keep-alive\n"),
-            ("endless event of empty data lines", b"data:\n"),
+            pytest.param("endless comment lines", b": keep-alive\n", marks=SLOW),
+            pytest.param("endless event of empty data lines", b"data:\n", marks=SLOW),
         ],
     )
     def test_framer_never_ending_event_is_capped(self, count: Any, name: str, unit: bytes) -> None:
@@ -624,7 +627,7 @@ async def test_relay_random_streams_byte_identical(
     proxies = [await make_proxy(url), await make_proxy(url, upstream={"max_event_bytes": 256})]
     seed = int(os.environ.get("TIMING_PROXY_FUZZ_SEED") or random.randrange(2**32))
     rng = random.Random(seed)
-    cases = 60 * SCALE
+    cases = examples(60) * SCALE  # random streams, as many as a property test's examples
     deadline = time.monotonic() + 30.0 * SCALE
     for i in range(cases):
         if time.monotonic() > deadline:

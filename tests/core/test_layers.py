@@ -73,36 +73,48 @@ def layer(name: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else ""
 
 
-def graph() -> dict[str, set[str]]:
+def graph(found: dict[str, ast.Module]) -> dict[str, set[str]]:
     """Module -> the proxy modules it imports."""
-    found = modules()
     return {
         name: {dep for dep in imported(name, tree) if dep in found and dep != name}
         for name, tree in found.items()
     }
 
 
-def test_every_module_sits_in_a_known_layer() -> None:
+@pytest.fixture(scope="module")
+def trees() -> dict[str, ast.Module]:
+    """Each module of proxy/ by name, parsed once for this file's tests (which only read
+    the trees; they go with the module's end, not kept for the rest of the run)."""
+    return modules()
+
+
+@pytest.fixture(scope="module")
+def edges(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """The import graph of proxy/, made once for this file's tests (which only read it)."""
+    return graph(trees)
+
+
+def test_every_module_sits_in_a_known_layer(trees: dict[str, ast.Module]) -> None:
     """Each module of proxy/ is the package itself, the config, or under core/serve/commands."""
-    strays = [n for n in modules() if layer(n) == "" and n not in ("proxy", "proxy.__main__")]
+    strays = [n for n in trees if layer(n) == "" and n not in ("proxy", "proxy.__main__")]
     assert strays == []
 
 
-def test_layers_import_only_what_the_rule_allows() -> None:
+def test_layers_import_only_what_the_rule_allows(edges: dict[str, set[str]]) -> None:
     """core imports only core, config only core, serve not the commands."""
     broken = sorted(
         f"{name} imports {dep}"
-        for name, deps in graph().items()
+        for name, deps in edges.items()
         for dep in deps
         if layer(dep) not in ALLOWED[layer(name)]
     )
     assert broken == []
 
 
-def test_the_core_does_no_io() -> None:
+def test_the_core_does_no_io(trees: dict[str, ast.Module]) -> None:
     """No module in proxy/core imports an I/O module or calls open, print or input."""
     found = []
-    for name, tree in modules().items():
+    for name, tree in trees.items():
         if layer(name) != "core":
             continue
         for dep in imported(name, tree):
@@ -115,9 +127,8 @@ def test_the_core_does_no_io() -> None:
     assert found == []
 
 
-def test_no_import_cycle() -> None:
+def test_no_import_cycle(edges: dict[str, set[str]]) -> None:
     """The import graph of proxy/ (function-level imports included) has no cycle."""
-    edges = graph()
     state: dict[str, int] = {}  # 1 on the current path, 2 finished
     path: list[str] = []
 
@@ -138,12 +149,12 @@ def test_no_import_cycle() -> None:
             pytest.fail(" -> ".join(cycle))
 
 
-def test_background_tasks_are_spawned_with_a_reference() -> None:
+def test_background_tasks_are_spawned_with_a_reference(trees: dict[str, ast.Module]) -> None:
     """Only proxy/serve/tasks.py creates tasks: elsewhere ``.create_task`` and
     ``ensure_future`` would leave a task only the loop's weak set holds."""
     found = [
         f"{name}:{node.lineno}"
-        for name, tree in modules().items()
+        for name, tree in trees.items()
         if name != "proxy.serve.tasks"
         for node in ast.walk(tree)
         if isinstance(node, ast.Attribute) and node.attr in ("create_task", "ensure_future")

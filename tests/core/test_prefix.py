@@ -22,6 +22,7 @@ from proxy.core.prefix import (
     shared_prefix,
     shared_suffix,
 )
+from tests.profiles import examples
 from tests.qwen3_toy import (
     GENERATION_PROMPT,
     TOOLS,
@@ -225,7 +226,7 @@ class TestRenderedPrompt:
         assert rendered(a).digest() != rendered(b).digest()
         assert len(rendered(a).digest()) == 12
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=examples(60), deadline=None)
     @given(
         contents=st.lists(
             st.tuples(

@@ -64,10 +64,8 @@ def _private_imports(tree: ast.Module) -> list[str]:
 
 def test_no_private_aiohttp_import() -> None:
     """No module of ``proxy/`` imports a private aiohttp module or a private name from one."""
-    trees = {name: ast.parse(text, name) for name, text in _sources().items()}
-    assert {
-        name: _private_imports(tree) for name, tree in trees.items() if _private_imports(tree)
-    } == {}
+    found = {name: _private_imports(ast.parse(text, name)) for name, text in _sources().items()}
+    assert {name: imports for name, imports in found.items() if imports} == {}
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from proxy.core.record import Kind
 from proxy.core.request import RequestFacts, analyse_request, not_streamed
 from tests.fakes import RECORDINGS_DIR, load_recording
+from tests.profiles import examples
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
@@ -279,7 +280,7 @@ class TestNotStreamed:
         assert not not_streamed(raw)
 
     @given(obj=_JSON_OBJECTS, ascii_only=st.booleans(), spaced=st.booleans(), escaped=st.booleans())
-    @settings(max_examples=400, deadline=None)
+    @settings(max_examples=examples(400), deadline=None)
     def test_never_wrong(
         self, obj: dict[str, Any], ascii_only: bool, spaced: bool, escaped: bool
     ) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fuzz.checks import oracle
 from proxy.core.sse import SSEEvent, SSEFramer
+from tests.profiles import examples
 
 BOM = b"\xef\xbb\xbf"
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
@@ -443,7 +444,7 @@ def _splits(data: st.DataObject, stream: bytes) -> list[bytes]:
 
 
 class TestProperties:
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(event_streams(), st.data())
     def test_events_roundtrip_under_any_chunking(
         self, case: tuple[bytes, list[SSEEvent], int], data: st.DataObject
@@ -457,7 +458,7 @@ class TestProperties:
         assert chunked == expected
         assert counters(f2) == counters(f1)
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(st.one_of(st.binary(max_size=200), _SSEISH), st.data())
     def test_arbitrary_bytes_match_reference_and_chunking(
         self, stream: bytes, data: st.DataObject
@@ -469,7 +470,7 @@ class TestProperties:
         assert chunked == whole
         assert counters(f2) == counters(f1)
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(_SSEISH, st.integers(1, 24), st.data())
     def test_small_cap_chunking_invariant_and_bounded(
         self, stream: bytes, cap: int, data: st.DataObject

@@ -32,6 +32,7 @@ from proxy.core.stats import (
     summarize_cache,
     summarize_kind,
 )
+from tests.profiles import examples
 
 GC_NOISE = 4
 """Objects the collector tracks that may appear or vanish between two counts for reasons
@@ -815,7 +816,10 @@ class TestHistogramError:
         assert got == quantiles(sorted(SEED_TOOL_TOTALS))
         assert got["p50"] == 2061.0
 
-    @pytest.mark.parametrize("seed", [1, 2, 3])
+    # about 1 s each: the fast loop draws one seed per law, the whole suite three
+    @pytest.mark.parametrize(
+        "seed", [1, *(pytest.param(s, marks=pytest.mark.slow) for s in (2, 3))]
+    )
     @pytest.mark.parametrize(
         "draw",
         [
@@ -833,7 +837,7 @@ class TestHistogramError:
         values = [draw(rng) if rng.random() > 0.2 else None for _ in range(20_000)]
         assert_within_bound(push(values, 5000), window_of(values, 5000))
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(
         values=st.lists(
             st.one_of(

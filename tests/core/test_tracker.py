@@ -27,6 +27,7 @@ from tests.fakes import (
     make_timings,
     sse_json,
 )
+from tests.profiles import examples
 
 T0 = 0.0  # the request arrival on the fake clock (exact float arithmetic for recorded times)
 MODEL = "gemma-3-270m-q4_k_m.gguf"  # the model name chat_event() writes
@@ -621,7 +622,7 @@ def _whole(stream: bytes) -> Observation:
 
 
 class TestSSEChunking:
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=examples(200), deadline=None)
     @given(
         stream=st.sampled_from([_TOOL_STREAM, _ERROR_STREAM, _CRLF_STREAM]),
         data=st.data(),
@@ -1096,7 +1097,7 @@ def _observe_cut(parts: list[bytes], cuts: list[int], path: str) -> Observation:
 
 
 class TestKeyLikeTextsAndDeferredBytes:
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(st.sampled_from(sorted(_DIALECT_PATHS)), st.data())
     def test_bytes_kept_unread_change_no_observation(self, kind: str, data: st.DataObject) -> None:
         """A tracker that keeps up to ``defer_bytes`` unread (the relay's hot path) observes

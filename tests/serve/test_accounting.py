@@ -991,8 +991,9 @@ class TestHotPath:
     async def test_slow_lookups_do_not_delay_the_answer(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:
-        """Look-ups taking 2 s leave the agent's response fast; the record follows, complete."""
-        toy.delay_s[INPUT_TOKENS] = 2.0
+        """Look-ups taking 1 s leave the agent's response fast (in less than one look-up);
+        the record follows, complete."""
+        toy.delay_s[INPUT_TOKENS] = 1.0
         proxy = await start(make_proxy, toy, lookup_timeout_s=5.0)
         body = body_of([READ_FILE])
         status, data, elapsed = await ask(proxy, body)

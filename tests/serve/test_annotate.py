@@ -30,6 +30,7 @@ from tests.fakes import (
     sse,
     typed_event,
 )
+from tests.profiles import examples
 
 HEADER = "X-Timing-Proxy-Annotate"
 NOTE = comment({"id": "0123456789abcdef", "prefill_ms": 1.5})
@@ -245,7 +246,7 @@ class TestSplitter:
         body = b"".join(chunks)
         check([body[i : i + 1] for i in range(len(body))], API_OF[path])
 
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=examples(200), deadline=None)
     @given(data=st.data())
     def test_any_cuts(self, data: st.DataObject) -> None:
         """Any number of reads cut anywhere, on any API's stream."""

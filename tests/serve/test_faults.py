@@ -559,7 +559,7 @@ class TestGracefulShutdown:
     ) -> None:
         """A stream that ends inside the drain time reaches [DONE]; new connections are refused."""
         upstream, server = fake
-        upstream.script = routed({"/v1/models": NO_MODELS}, slow_steady(8, 0.1))
+        upstream.script = routed({"/v1/models": NO_MODELS}, slow_steady(8, 0.05))
         served = await serve_like_run(_url(server), server={"shutdown_drain_s": 3.0})
         async with aiohttp.ClientSession() as client:
             resp = await client.post(served.url + "/v1/chat/completions", data=CHAT_BODY)
@@ -617,6 +617,7 @@ class TestGracefulShutdown:
         assert record.outcome is Outcome.SHUTDOWN_ABORTED
         assert record.status == 200 and record.ttft_ms is not None
 
+    @pytest.mark.slow  # a process of its own that drains for 1 s: about 3 s
     async def test_sigterm_to_the_serve_process(self, fake: Fake, tmp_path: Path) -> None:
         """``python -m proxy serve`` drains for shutdown_drain_s on SIGTERM, logs, and exits 0."""
         upstream, server = fake

@@ -10,6 +10,7 @@ import tracemalloc
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.core.bounded import Bounded
 from proxy.core.tracker import MAX_ARGUMENT_BYTES
@@ -97,6 +98,7 @@ def _held_by_the_proxy() -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
+@pytest.mark.slow  # tracemalloc over sixteen 4,000-word prompts: 10-25 s
 async def test_attribution_stays_within_its_bytes(toy: ToyLlama, make_proxy: ProxyFactory) -> None:
     """Sixteen distinct long prompts with 0.5 MiB for attribution: the cached renderings and
     the held prompts each stay within 0.5 MiB, and what the proxy's code holds (objects
@@ -107,12 +109,12 @@ async def test_attribution_stays_within_its_bytes(toy: ToyLlama, make_proxy: Pro
     )
     attributor = proxy.app[ACCOUNTING].attributor  # type: ignore[union-attr]
     assert attributor is not None
+    bodies = [_long(i, 4000) for i in range(16)]  # made before tracing: tracing slows them
+    totals = [input_tokens(body) for body in bodies]
     tracemalloc.start(12)
     try:
         held: dict[int, int] = {}
-        for i in range(16):
-            body = _long(i, 4000)
-            total = input_tokens(body)
+        for i, (body, total) in enumerate(zip(bodies, totals, strict=True)):
             toy.timings = make_timings(prompt_n=total, prompt_ms=total * 0.5, cache_n=0)
             await ask(proxy, body)
             await wait_record(proxy, i + 1, within=30.0)

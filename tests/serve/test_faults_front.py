@@ -17,7 +17,6 @@ import socket
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -32,6 +31,8 @@ from tests.conftest import Captured, ProxyFactory, ProxyProcess, ProxyUnderTest,
 from tests.fakes import FakeUpstream, echo, json_response
 
 HOST = "127.0.0.1"
+STALL_S = 0.2
+"""The read deadline of the stalled-request tests: they wait it out, so it is short."""
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
 OK_BODY = b'{"ok":true}'
@@ -287,7 +288,7 @@ class TestStalledRequest:
         """Headers announcing 100 bytes, then nothing: an OpenAI-shaped 408, the connection
         closed, a ``client_timeout`` record, and llama-server never contacted."""
         upstream, _ = raw_fake
-        proxy = await _proxy(make_proxy, raw_fake, client={"read_timeout_s": 0.5})
+        proxy = await _proxy(make_proxy, raw_fake, client={"read_timeout_s": STALL_S})
         reader, writer = await connect(proxy.url)
         writer.write(_head("POST", "/v1/chat/completions", [("Content-Length", "100")]) + b"{")
         got, _ = await _until_closed(reader)
@@ -306,7 +307,7 @@ class TestStalledRequest:
         """A body sent a byte at a time, never finishing within the deadline, is cut with a
         408 (the deadline is the whole body's, not a gap between two reads)."""
         upstream, _ = raw_fake
-        proxy = await _proxy(make_proxy, raw_fake, client={"read_timeout_s": 0.5})
+        proxy = await _proxy(make_proxy, raw_fake, client={"read_timeout_s": STALL_S})
         framing = ("Transfer-Encoding", "chunked") if chunked else ("Content-Length", "1000")
         reader, writer = await connect(proxy.url)
         writer.write(_head("POST", "/v1/chat/completions", [framing]))
@@ -314,7 +315,7 @@ class TestStalledRequest:
         async def trickle() -> None:
             while True:
                 writer.write(b"1\r\nx\r\n" if chunked else b"x")
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(STALL_S / 5)  # five pieces per deadline
 
         feeding = spawn(trickle(), set())
         try:
@@ -333,7 +334,7 @@ class TestStalledRequest:
         """A request line and one header, then nothing: the connection is closed (no request
         exists yet to answer or record), and the proxy serves the next connection."""
         upstream, _ = raw_fake
-        proxy = await _proxy(make_proxy, raw_fake, client={"read_timeout_s": 0.5})
+        proxy = await _proxy(make_proxy, raw_fake, client={"read_timeout_s": STALL_S})
         reader, writer = await connect(proxy.url)
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n")
         got, _ = await _until_closed(reader)
@@ -537,13 +538,19 @@ class TestRefusals:
 # The listener as ``python -m proxy serve`` configures it
 
 
-@pytest.fixture
-def served(refusing_url: str, tmp_path: Path) -> Iterator[ProxyProcess]:
-    """The proxy as a user starts it, with ``[client] read_timeout_s = 1``."""
-    config = tmp_path / "config.toml"
-    config.write_text("[client]\nread_timeout_s = 1.0\n[accounting]\nenabled = false\n")
-    with proxy_in_front_of(refusing_url, tmp_path / "proxy", config) as proxy:
-        yield proxy
+@pytest.fixture(scope="class")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """The proxy as a user starts it, with ``[client] read_timeout_s = 0.3``, in front of a
+    port that is bound but not listening; one process for the tests of a class (each test
+    leaves it as it found it: its connections closed)."""
+    folder = tmp_path_factory.mktemp("served")
+    config = folder / "config.toml"
+    config.write_text("[client]\nread_timeout_s = 0.3\n[accounting]\nenabled = false\n")
+    with socket.socket() as refusing:
+        refusing.bind((HOST, 0))
+        upstream = f"http://{HOST}:{refusing.getsockname()[1]}"
+        with proxy_in_front_of(upstream, folder / "proxy", config) as proxy:
+            yield proxy
 
 
 def _recv_until_closed(sock: socket.socket, within: float) -> tuple[bytes, float]:
@@ -564,7 +571,7 @@ class TestServedListener:
     75 s, decompression on) and aiohttp's log of a refused head carries no traceback."""
 
     def test_stalled_head_is_closed_after_read_timeout(self, served: ProxyProcess) -> None:
-        """A head that never ends is closed after ``read_timeout_s`` (1 s), not after
+        """A head that never ends is closed after ``read_timeout_s`` (0.3 s), not after
         ``run_app``'s 75 s keep-alive."""
         with socket.create_connection((HOST, _port(served.url))) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n")

@@ -517,6 +517,7 @@ class TestOutput:
 # 2. SIGHUP: logrotate
 
 
+@pytest.mark.slow  # a 1.5 s stream in flight across the rotation, in a process of its own
 async def test_sighup_reopens_the_log_file_and_loses_no_record(fake: Fake, serve: Any) -> None:
     """logrotate renames the file, then ``kill -HUP``: the proxy keeps running, the records
     before go to the renamed file, those after (the stream in flight at the signal
@@ -560,6 +561,7 @@ async def test_sighup_reopens_the_log_file_and_loses_no_record(fake: Fake, serve
 # 3. Shutdown within the drain
 
 
+@pytest.mark.slow  # a 3 s drain: longer than SHUTDOWN_AFTER_DRAIN_S, so a double wait shows
 async def test_shutdown_ends_within_the_drain_plus_the_constant(fake: Fake, serve: Any) -> None:
     """With a stream that never ends and a 3 s drain, SIGTERM ends the process within
     3 s + SHUTDOWN_AFTER_DRAIN_S (aiohttp alone waits the drain twice), after the stream

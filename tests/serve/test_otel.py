@@ -42,6 +42,7 @@ from tests.fakes import load_recording, replay
 
 UPSTREAM = "http://llama-host.invalid:8080"  # only named in attributes, never resolved
 NS = 1_000_000
+POLL_S = 0.02  # how often the receiver's thread looks for its shutdown (http.server: 0.5 s)
 Memory = tuple[OtelSink, InMemorySpanExporter]
 
 
@@ -431,7 +432,9 @@ def receiver() -> Iterator[tuple[str, list[tuple[str, ExportTraceServiceRequest]
     received: list[tuple[str, ExportTraceServiceRequest]] = []
     handler = type("Handler", (_Receiver,), {"received": received})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": POLL_S}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", received
     server.shutdown()

@@ -24,6 +24,7 @@ WITH_META = orjson.dumps(
     {"data": [{"id": "m.gguf", "meta": {"size": 2_450_000_000, "n_params": 4_000_000_000}}]}
 )
 WITHOUT_META = orjson.dumps({"data": [{"id": "m.gguf"}]})
+POLL_S = 0.02  # how often the server's thread looks for its shutdown (http.server: 0.5 s)
 
 
 def decoded(rate: float | None = 10.0) -> Record:
@@ -184,7 +185,9 @@ def blocking_server() -> Iterator[tuple[str, type[_Handler]]]:
     """An http.server in a thread answering every GET with ``_Handler.body``."""
     handler = type("Handler", (_Handler,), {"body": b"", "seen_auth": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": POLL_S}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", handler
     server.shutdown()

@@ -16,6 +16,7 @@ the queue, prefill and decode under that, held against the record the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -69,18 +70,22 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
         yield server
 
 
+def _proxy_exporting_to(
+    llama_server: LlamaServer, folder: Path, otel: str
+) -> contextlib.AbstractContextManager[ProxyProcess]:
+    """The proxy in front of the real llama-server, its config's ``[otel]`` section ``otel``."""
+    config = folder / "config.toml"
+    config.write_text(otel, encoding="utf-8")
+    return proxy_in_front_of(llama_server.url, folder, config=config)
+
+
 @pytest.fixture(scope="module")
 def traced_proxy(
     llama_server: LlamaServer, phoenix: Phoenix, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProxyProcess]:
     """The proxy in front of the real llama-server, exporting its spans to Phoenix."""
-    folder = tmp_path_factory.mktemp("traced-proxy")
-    config = folder / "config.toml"
-    config.write_text(
-        f'[otel]\nendpoint = "{phoenix.otlp_endpoint}"\n\n[fleet]\nlabels = "{FLEET}"\n',
-        encoding="utf-8",
-    )
-    with proxy_in_front_of(llama_server.url, folder, config=config) as proxy:
+    otel = f'[otel]\nendpoint = "{phoenix.otlp_endpoint}"\n\n[fleet]\nlabels = "{FLEET}"\n'
+    with _proxy_exporting_to(llama_server, tmp_path_factory.mktemp("traced-proxy"), otel) as proxy:
         yield proxy
 
 
@@ -89,12 +94,9 @@ def server_view_proxy(
     llama_server: LlamaServer, phoenix: Phoenix, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProxyProcess]:
     """The same, with ``[otel] server_spans = true``: llama-server's side as a SERVER span."""
+    otel = f'[otel]\nendpoint = "{phoenix.otlp_endpoint}"\nserver_spans = true\n'
     folder = tmp_path_factory.mktemp("server-view-proxy")
-    config = folder / "config.toml"
-    config.write_text(
-        f'[otel]\nendpoint = "{phoenix.otlp_endpoint}"\nserver_spans = true\n', encoding="utf-8"
-    )
-    with proxy_in_front_of(llama_server.url, folder, config=config) as proxy:
+    with _proxy_exporting_to(llama_server, folder, otel) as proxy:
         yield proxy
 
 

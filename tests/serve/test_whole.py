@@ -47,6 +47,20 @@ async def _chunked(request: web.Request, seen: SeenRequest) -> web.StreamRespons
     return resp
 
 
+async def _held(
+    fake: tuple[FakeUpstream, TestServer], script: Any, *, wait_eof: bool
+) -> tuple[bool, int | None]:
+    """Whether the response ``script`` writes would be read whole (once all of it is there
+    when ``wait_eof``), and the length its head states."""
+    upstream, server = fake
+    upstream.script = script
+    async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as up:
+        if wait_eof:
+            await up.content.wait_eof()
+        read = whole_reader(up, _reply(up.content_length), time.perf_counter, None)
+        return read is not None, up.content_length
+
+
 class TestWhichBodiesAreHeld:
     """Only a small body of known length that arrived with its head is read whole."""
 
@@ -77,22 +91,14 @@ class TestWhichBodiesAreHeld:
     async def test_a_body_not_all_there_is_relayed_as_it_comes(
         self, fake: tuple[FakeUpstream, TestServer]
     ) -> None:
-        """A head whose body comes later is not held for it."""
-        upstream, server = fake
-        upstream.script = _head_then_body
-        async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as up:
-            assert up.content_length == len(BODY)
-            assert whole_reader(up, _reply(up.content_length), time.perf_counter, None) is None
+        """A head whose body comes later is not held for it, though its length is known."""
+        assert await _held(fake, _head_then_body, wait_eof=False) == (False, len(BODY))
 
     async def test_a_body_of_unknown_length_is_relayed_as_it_comes(
         self, fake: tuple[FakeUpstream, TestServer]
     ) -> None:
-        """A chunked body, even one that came whole, is not held: its head stays chunked."""
-        upstream, server = fake
-        upstream.script = _chunked
-        async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as up:
-            await up.content.wait_eof()  # all of it is there: its unknown length decides
-            assert whole_reader(up, _reply(up.content_length), time.perf_counter, None) is None
+        """A chunked body, even one all there, is not held: its head stays chunked."""
+        assert await _held(fake, _chunked, wait_eof=True) == (False, None)
 
 
 class TestOneWrite:

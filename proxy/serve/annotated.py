@@ -23,6 +23,7 @@ from proxy.core.tracker import Observation
 from proxy.serve.accounting import Accounting
 from proxy.serve.deadline import Deadlines
 from proxy.serve.flight import Flight
+from proxy.serve.whole import read_whole
 
 __all__ = ["Note", "Send", "annotates"]
 
@@ -108,24 +109,10 @@ class Note:
         a failure to read ends it early: what came, and the failure (then no header)."""
         reply = self._flight.reply
         assert reply is not None
-        chunks: list[bytes] = []
-        failure: str | None = None
-        read = upstream.content.readany
-        while True:
-            deadlines.reading()
-            try:
-                chunk = await read()
-            except aiohttp.ClientError as exc:
-                failure = type(exc).__name__
-                break
-            if not chunk:
-                break
-            reply.tracker.feed(chunk, self._clock())
-            chunks.append(chunk)
-        deadlines.idle()
+        body, failure = await read_whole(upstream, deadlines, reply.tracker, self._clock)
         if failure is None:
             self._server_timing(reply.resp)
-        return b"".join(chunks), failure
+        return body, failure
 
     def _server_timing(self, resp: web.StreamResponse) -> None:
         flight = self._flight

@@ -43,6 +43,7 @@ from proxy.serve.annotated import Note
 from proxy.serve.attribution import Attributor
 from proxy.serve.deadline import Deadlines
 from proxy.serve.flight import Flight
+from proxy.serve.whole import read_whole
 
 __all__ = ["WAIT_S", "Comparisons", "Diagnosing", "comparisons_for"]
 
@@ -238,7 +239,9 @@ class Diagnosing:
         if self._note is not None and self._note.holds():
             body, failure = await self._note.read_whole(upstream, deadlines)
         else:
-            body, failure = await self._read(upstream, deadlines)
+            reply = self._flight.reply
+            assert reply is not None
+            body, failure = await read_whole(upstream, deadlines, reply.tracker, self._clock)
         if failure is not None:
             return body, failure
         try:
@@ -253,25 +256,6 @@ class Diagnosing:
         assert reply is not None
         reply.resp.content_length = len(changed)  # the agent asked for the longer body
         return changed, None
-
-    async def _read(
-        self, upstream: aiohttp.ClientResponse, deadlines: Deadlines[Outcome]
-    ) -> tuple[bytes, str | None]:
-        reply = self._flight.reply
-        assert reply is not None
-        chunks: list[bytes] = []
-        while True:
-            deadlines.reading()
-            try:
-                chunk = await upstream.content.readany()
-            except aiohttp.ClientError as exc:
-                return b"".join(chunks), type(exc).__name__
-            if not chunk:
-                break
-            reply.tracker.feed(chunk, self._clock())
-            chunks.append(chunk)
-        deadlines.idle()
-        return b"".join(chunks), None
 
     # an event stream: held at the answer's event
 

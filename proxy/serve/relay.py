@@ -37,6 +37,7 @@ from proxy.serve.handoff import Handoff, OnRecord
 from proxy.serve.intake import Intake, Refusal, analysis_of, answer_and_close, error_response
 from proxy.serve.telemetry import Telemetry
 from proxy.serve.upstream import ask
+from proxy.serve.whole import ReadWhole, one_write, whole_reader
 
 __all__ = ["DEFER_BYTES", "Relay", "RelaySettings", "error_response"]
 
@@ -186,8 +187,9 @@ class Relay:
         deadlines = Deadlines(idle, write_s, Outcome.UPSTREAM_IDLE_TIMEOUT, Outcome.CLIENT_STALLED)
         try:
             async with deadlines.watching():
-                if not sse and (whole := diag or (note if note and note.holds() else None)):
-                    return await self._held(flight, upstream, deadlines, whole)
+                held = diag or (note if note and note.holds() else None)
+                if not sse and (read := whole_reader(upstream, reply, self._clock, held)):
+                    return await self._held(flight, deadlines, read)
                 refused = await self._prepare(flight)
                 if refused is not None:
                     return refused
@@ -237,20 +239,18 @@ class Relay:
             await self._end(flight, deadlines)
 
     async def _held(
-        self,
-        flight: Flight,
-        upstream: aiohttp.ClientResponse,
-        deadlines: Deadlines[Outcome],
-        note: Note | Diagnosing,
+        self, flight: Flight, deadlines: Deadlines[Outcome], read: ReadWhole
     ) -> web.StreamResponse:
-        """A plain body read whole before the head goes out, with ``Server-Timing`` or the
-        cache diagnostics. A failure while reading relays what came, as the loop would."""
-        body, failure = await note.read_whole(upstream, deadlines)
+        """A plain body read whole (:mod:`.whole`), then sent with its head in one write; a
+        failure while reading relays what came, as the loop would."""
+        body, failure = await read(deadlines)
+        reply = flight.reply
+        assert reply is not None
+        if failure is None:
+            reply.resp = one_write(reply.resp, body)
         refused = await self._prepare(flight)
         if refused is not None:
             return refused
-        reply = flight.reply
-        assert reply is not None
         # the tracker saw every byte already; the agent has them once they are written
         if body and not await self._send(flight, deadlines, body, b"", 0.0):
             return reply.resp

@@ -34,6 +34,21 @@ class TestDeadlines:
                 await asyncio.sleep(1)
         assert d.expired == "write"
 
+    async def test_an_operation_started_after_the_watch_expires_at_its_own_due(self) -> None:
+        """A write started after the watch timer was set expires, and not before its own
+        limit has passed: the watch wakes early, finds nothing due, and waits for it."""
+        loop = asyncio.get_running_loop()
+        d = Deadlines(5.0, 0.1, "read", "write")
+        with pytest.raises(TimeoutError):
+            async with d.watching():
+                d.reading()  # the watch wakes after the shortest limit, 0.1 s
+                await asyncio.sleep(0.05)
+                d.writing()  # due 0.1 s from now: after the watch's first wake-up
+                started = loop.time()
+                await asyncio.sleep(5)
+        assert d.expired == "write"
+        assert loop.time() - started >= 0.1
+
     async def test_steady_progress_never_expires(self) -> None:
         """Many short reads and writes, each well inside its limit, add up past both limits
         without expiring: the limits are per operation, not per exchange."""

@@ -232,7 +232,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Once every test module is imported, move what is alive (the modules, the SDKs' types,
     the collected tests) out of the collector's generations, as ``python -m proxy serve``
     does at start: each full collection during the run then walks only what the tests
-    made, not millions of long-lived objects (each walk of them took about 0.4 s)."""
+    made, not millions of long-lived objects (each walk of them took about 0.4 s).
+
+    The proxy's ``run``, which some tests start in-process, freezes what is alive then too;
+    nothing gives it back: ``gc.unfreeze`` would give back everything frozen here as well,
+    and every later full collection (``run``'s own, at each start) would walk it again."""
     gc.collect()
     gc.freeze()
 

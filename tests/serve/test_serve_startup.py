@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +26,6 @@ from proxy.serve.app import PortInUse
 from proxy.serve.keys import BACKGROUND
 from proxy.serve.tasks import spawn
 from tests.run_app import run_app_arguments
-
-
-@pytest.fixture(autouse=True)
-def _unfreeze() -> Iterator[None]:
-    """``run`` freezes the collector's generations at start-up; give them back after."""
-    yield
-    gc.unfreeze()
 
 
 def _config(upstream_url: str, port: int = 0, admin: str = "127.0.0.1:0") -> Config:

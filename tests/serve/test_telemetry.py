@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from proxy.core.cpu_time import (
     socket_inode,
     stat_ticks,
 )
+from proxy.serve.tasks import spawn
 from proxy.serve.telemetry import (
     ProcTelemetry,
     TegrastatsTelemetry,
@@ -85,16 +87,38 @@ def tegrastats(path: Path, events: Events | None = None, **kwargs: Any) -> Tegra
     return TegrastatsTelemetry(str(path), **options)
 
 
+class Stepped:
+    """A fake tegrastats that prints one line at start, then one each time :meth:`step` is
+    called (``--on-signal``), whatever the interval the sampler asks: a test decides when
+    each sample arrives, so a loaded machine cannot make one late."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self._pid_file = tmp_path / "tegrastats.pid"
+        self.path = fake_tegrastats(tmp_path, f"--on-signal {self._pid_file}", *args)
+
+    def step(self) -> None:
+        """Print the next line (the sampler must have read the last one: signals of the same
+        kind sent before the fake takes the first are one)."""
+        os.kill(int(self._pid_file.read_text()), signal.SIGUSR1)
+
+
+STEPPED_INTERVAL_MS = 10_000
+"""The interval a stepped fake's sampler is given: it waits two of them (20 s) for the sample
+that closes a request, and no line comes unless the test steps the fake."""
+
+
 class TestTegrastatsSampler:
     async def test_energy_at_a_known_power(self, tmp_path: Path) -> None:
         """A request over a known interval at a constant 5000 mW gets 5000 mW x seconds."""
-        tel = tegrastats(fake_tegrastats(tmp_path, f"--power-mw {POWER_MW}"))
+        fake = Stepped(tmp_path, f"--power-mw {POWER_MW}")
+        tel = tegrastats(fake.path, interval_ms=STEPPED_INTERVAL_MS)
         await tel.start()
         try:
-            await until(lambda: tel.snapshot()["samples"] >= 2)
-            t0 = time.perf_counter()
-            await asyncio.sleep(0.3)
+            await until(lambda: tel.snapshot()["samples"] >= 1)
+            t0 = time.perf_counter()  # after the first sample: the start is covered
+            await asyncio.sleep(0.05)
             t1 = time.perf_counter()
+            fake.step()  # the sample after t1 closes the interval
             out = await tel.sample(t0, t1, tokens=12)
         finally:
             await tel.close()
@@ -110,15 +134,24 @@ class TestTegrastatsSampler:
 
     async def test_sample_waits_for_the_closing_sample(self, tmp_path: Path) -> None:
         """An interval ending now is answered once the next sample arrives, not before."""
-        tel = tegrastats(fake_tegrastats(tmp_path), interval_ms=200)
+        fake = Stepped(tmp_path)
+        tel = tegrastats(fake.path, interval_ms=STEPPED_INTERVAL_MS)
         await tel.start()
         try:
             await until(lambda: tel.snapshot()["samples"] >= 1)
+            t0 = time.perf_counter()  # after the first sample: the start is covered
+            await asyncio.sleep(0.001)
             t1 = time.perf_counter()
-            out = await tel.sample(t1 - 0.001, t1, tokens=None)
+            answer = spawn(tel.sample(t0, t1, tokens=None), set())
+            for _ in range(10):  # every step the loop can run with no sample coming
+                await asyncio.sleep(0)
+            assert not answer.done(), "answered before the sample that closes the interval"
+            fake.step()
+            out = await asyncio.wait_for(answer, 30)
         finally:
             await tel.close()
-        assert out.energy_mj == pytest.approx(POWER_MW * 0.001, abs=1e-3)
+        assert out.energy_mj == pytest.approx(POWER_MW * (t1 - t0), abs=1e-3)
+        assert out.energy_mj is not None and out.energy_mj > 0
         assert out.energy_mj_per_token is None
 
     async def test_before_the_first_sample(self, tmp_path: Path) -> None:

@@ -78,12 +78,13 @@ def serve_config(args: argparse.Namespace, environ: Mapping[str, str] = os.envir
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.serve.app import run
     from proxy.serve.logs import configure_logging
 
     config = serve_config(args)
     outputs = configure_logging(config.log.level, config.log.file)
     try:
+        from proxy.serve.app import run  # after the config and the log, whose errors need none
+
         run(config)
     finally:
         outputs.close()

@@ -30,6 +30,36 @@ LINE = (
 )
 
 
+def fake_tegrastats(folder: Path, *args: str, name: str = "tegrastats") -> Path:
+    """An executable ``name`` in ``folder`` running this fake with ``args`` (the path a
+    sampler or ``[board] tegrastats_path`` is given)."""
+    path = folder / name
+    extra = " ".join(args)
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{__file__}" {extra} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+class Stepped:
+    """This fake with ``--on-signal``: one line at start, then one each time :meth:`step` is
+    called, whatever the interval the sampler asks. A test decides when each sample arrives,
+    so a loaded machine cannot make one late."""
+
+    def __init__(self, folder: Path, *args: str) -> None:
+        self._pid_file = folder / "tegrastats.pid"
+        self.path = fake_tegrastats(folder, f"--on-signal {self._pid_file}", *args)
+
+    def step(self) -> None:
+        """Print the next line (after the sampler has read the last one: signals of the same
+        kind sent before the fake takes the first count once)."""
+        os.kill(int(self._pid_file.read_text()), signal.SIGUSR1)
+
+
+STEPPED_INTERVAL_MS = 10_000
+"""The interval a stepped fake's sampler is given: it waits two of them (20 s) for the sample
+that closes a request, and no line comes unless the test steps the fake."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--interval", type=int, default=1000, help="milliseconds")

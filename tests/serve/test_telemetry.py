@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -40,19 +39,10 @@ from proxy.serve.telemetry import (
     find_pid_by_port,
     telemetry_for,
 )
+from tests.fake_tegrastats import STEPPED_INTERVAL_MS, Stepped, fake_tegrastats
 
-FAKE = Path(__file__).parents[1] / "fake_tegrastats.py"
 POWER_MW = 5000
 INTERVAL_MS = 50
-
-
-def fake_tegrastats(tmp_path: Path, *args: str, name: str = "tegrastats") -> Path:
-    """An executable ``tegrastats`` in ``tmp_path`` running the fake with ``args``."""
-    path = tmp_path / name
-    extra = " ".join(args)
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" {extra} "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 async def until(check: Callable[[], bool], within_s: float = 10.0) -> None:
@@ -85,26 +75,6 @@ def tegrastats(path: Path, events: Events | None = None, **kwargs: Any) -> Tegra
         **kwargs,
     }
     return TegrastatsTelemetry(str(path), **options)
-
-
-class Stepped:
-    """A fake tegrastats that prints one line at start, then one each time :meth:`step` is
-    called (``--on-signal``), whatever the interval the sampler asks: a test decides when
-    each sample arrives, so a loaded machine cannot make one late."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self._pid_file = tmp_path / "tegrastats.pid"
-        self.path = fake_tegrastats(tmp_path, f"--on-signal {self._pid_file}", *args)
-
-    def step(self) -> None:
-        """Print the next line (the sampler must have read the last one: signals of the same
-        kind sent before the fake takes the first are one)."""
-        os.kill(int(self._pid_file.read_text()), signal.SIGUSR1)
-
-
-STEPPED_INTERVAL_MS = 10_000
-"""The interval a stepped fake's sampler is given: it waits two of them (20 s) for the sample
-that closes a request, and no line comes unless the test steps the fake."""
 
 
 class TestTegrastatsSampler:

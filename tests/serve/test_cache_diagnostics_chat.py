@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import ProxyFactory, ProxyUnderTest
-from tests.sdk_reference import parse_openai_diagnostics
+from tests.sdk_reference import parse_openai_diagnostics, sdks
 from tests.serve.test_cache_diagnostics_serve import (
     SYSTEM,
     FakeLlama,
@@ -163,7 +163,8 @@ async def test_chat_clock_change_is_input_changed(
     stream's ``finish_reason`` chunk, or on its usage chunk when it asked for one."""
     _, server = chat_llama
     proxy = await started(make_proxy, server)
-    from openai import AsyncOpenAI  # here: loading the SDK takes seconds (tests/sdk_reference.py)
+    sdks()  # loaded (and frozen) as the readers load it: tests/sdk_reference.py
+    from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="-", max_retries=0) as client:
         first = await client.chat.completions.create(**chat_body())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import gc
+import itertools
 import json
 import os
 import socket
@@ -228,11 +230,60 @@ def proxy_process(
         yield proxy
 
 
+REAL_TESTS = Path(__file__).parent / "real"
+"""The folder of the modules whose every test is marked ``real`` (their ``pytestmark``)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave ``tests/real/`` out when ``-m`` deselects every test marked ``real`` (the fast
+    loop's ``not real and ...``): importing its modules loads the third-party clients they
+    drive, about 4 s of every pytest process, for tests that would all be deselected."""
+    if collection_path == REAL_TESTS and deselects(config.option.markexpr, "real"):
+        return True
+    return None
+
+
+_MARK_EXPRESSION = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Name, ast.Load)
+"""What a ``-m`` expression is made of that :func:`deselects` reads."""
+
+
+def deselects(markexpr: str, marker: str) -> bool:
+    """Whether ``-m markexpr`` deselects every test marked ``marker``, whatever other markers
+    the test has. False for an expression made of more than ``and``, ``or``, ``not``,
+    parentheses and marker names (pytest reads it; nothing is left out here)."""
+    try:
+        tree = ast.parse(markexpr, mode="eval").body
+    except SyntaxError:  # the empty expression too: nothing deselected
+        return False
+    if not all(isinstance(node, _MARK_EXPRESSION) for node in ast.walk(tree)):
+        return False
+    others = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - {marker})
+    for values in itertools.product((False, True), repeat=len(others)):
+        if _holds(tree, {**dict(zip(others, values, strict=True)), marker: True}):
+            return False
+    return True
+
+
+def _holds(node: ast.expr, marks: dict[str, bool]) -> bool:
+    """The value of a mark expression's tree for a test with exactly the ``marks`` true."""
+    if isinstance(node, ast.Name):
+        return marks[node.id]
+    if isinstance(node, ast.UnaryOp):
+        return not _holds(node.operand, marks)
+    assert isinstance(node, ast.BoolOp)
+    values = (_holds(value, marks) for value in node.values)
+    return all(values) if isinstance(node.op, ast.And) else any(values)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Once every test module is imported, move what is alive (the modules, the SDKs' types,
     the collected tests) out of the collector's generations, as ``python -m proxy serve``
     does at start: each full collection during the run then walks only what the tests
-    made, not millions of long-lived objects (each walk of them took about 0.4 s)."""
+    made, not millions of long-lived objects (each walk of them took about 0.4 s).
+
+    The proxy's ``run``, which some tests start in-process, freezes what is alive then too;
+    nothing gives it back: ``gc.unfreeze`` would give back everything frozen here as well,
+    and every later full collection (``run``'s own, at each start) would walk it again."""
     gc.collect()
     gc.freeze()
 

@@ -400,17 +400,21 @@ def hang_before_headers(seconds: float, then: Script | None = None) -> Script:
 
 def stall_after(
     chunks: Sequence[bytes],
-    seconds: float,
+    seconds: float | asyncio.Event,
     tail: Sequence[bytes] = (),
     headers: Sequence[tuple[str, str]] = SSE_HEADERS,
 ) -> Script:
-    """Send ``chunks``, go silent for ``seconds`` (connection open), then send ``tail`` and end."""
+    """Send ``chunks``, go silent for ``seconds`` (or until the event is set: a test decides
+    when) with the connection open, then send ``tail`` and end."""
 
     async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
         resp = await _start(request, 200, headers)
         for chunk in chunks:
             await _write(resp, request, seen, chunk)
-        await asyncio.sleep(seconds)
+        if isinstance(seconds, asyncio.Event):
+            await seconds.wait()
+        else:
+            await asyncio.sleep(seconds)
         for chunk in tail:
             await _write(resp, request, seen, chunk)
         await resp.write_eof()

@@ -4,6 +4,10 @@ handed to the code that runs it (the parser is :mod:`proxy.commands.arguments`).
 A failure the user can cause (bad config, unreadable log, a port in use, a llama-server that
 will not start, a failed provisioning step) ends as one line, ``timing-proxy: error: ...``
 on stderr, and exit code 2; never a traceback.
+
+A command's modules are imported when it runs, not before: ``serve`` starts without loading
+``report``, ``bench``, ``demo``, ``explain`` or the provisioning (their errors, which the
+line above needs, are in :mod:`proxy.commands.errors`).
 """
 
 from __future__ import annotations
@@ -13,22 +17,26 @@ import errno
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.commands.arguments import build_parser
-from proxy.commands.demo import DemoError
-from proxy.commands.explain import ExplainError
-from proxy.commands.provision import LlamaServerError, ProvisionError
-from proxy.commands.report import ReportError
+from proxy.commands.errors import (
+    DemoError,
+    ExplainError,
+    LlamaServerError,
+    ProvisionError,
+    ReportError,
+)
 from proxy.config import Config, ConfigError, load_config, parse_listen
-from proxy.serve.model_info import ModelInfoError
+
+if TYPE_CHECKING:
+    from proxy.core.roofline import ModelMeta
 
 __all__ = ["error_line", "main", "serve_config"]
 
 USER_ERRORS = (
     ConfigError,
     ReportError,
-    ModelInfoError,
     ProvisionError,
     LlamaServerError,
     DemoError,
@@ -70,12 +78,13 @@ def serve_config(args: argparse.Namespace, environ: Mapping[str, str] = os.envir
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.serve.app import run
     from proxy.serve.logs import configure_logging
 
     config = serve_config(args)
     outputs = configure_logging(config.log.level, config.log.file)
     try:
+        from proxy.serve.app import run  # after the config and the log, whose errors need none
+
         run(config)
     finally:
         outputs.close()
@@ -113,10 +122,19 @@ def _board_and_meta(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.model_size is not None and args.params is not None:
         meta = ModelMeta(args.model_size, args.params, None, "--model-size, --params")
     elif args.upstream:
-        from proxy.serve.model_info import ModelInfo
-
-        meta = ModelInfo.fetch_blocking(args.upstream)
+        meta = _fetched_meta(args.upstream)
     return board, meta
+
+
+def _fetched_meta(upstream: str) -> ModelMeta | None:
+    """The served model's metadata from ``upstream``'s ``/v1/models``; a server that cannot
+    be read is the user's to fix, said in one line."""
+    from proxy.serve.model_info import ModelInfo, ModelInfoError
+
+    try:
+        return ModelInfo.fetch_blocking(upstream)
+    except ModelInfoError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -25,13 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy.commands.errors import DemoError
 from proxy.commands.ports import port_or_free
 
 __all__ = ["DemoError", "DemoOptions", "read_props", "run_demo", "tool_support_line"]
-
-
-class DemoError(RuntimeError):
-    """The demo's proxy did not come up (the message is one line)."""
 
 
 @dataclass(frozen=True, slots=True)

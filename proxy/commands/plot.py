@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from proxy.commands.report.errors import ReportError
+from proxy.commands.errors import ReportError
 from proxy.commands.report.summary import KINDS, completed, median_call, median_record
 from proxy.core.numbers import figure
 from proxy.core.record import Record

@@ -404,11 +404,13 @@ if mode in ("hang", "stubborn"):
     print("hanging", flush=True)
     while True:
         time.sleep(1)
-ready_at = time.monotonic() + 0.3
+asked = []  # /health answers 503 (still loading) to the first asking, then 200
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        code = 200 if time.monotonic() >= ready_at else 503
+        asked.append(self.path)
+        code = 200 if len(asked) > 1 else 503
+        print("health", code, flush=True)
         self.send_response(code)
         self.end_headers()
         self.wfile.write(b"{{}}")
@@ -432,7 +434,7 @@ def _port_open(port: int) -> bool:
 
 
 def test_llama_server_waits_for_health_and_stops(fake_server_binary: Path, tmp_path: Path) -> None:
-    """start() returns once /health answers 200 (after 503s); stop() ends the process."""
+    """start() returns once /health answers 200 (after a 503); stop() ends the process."""
     server = LlamaServer(
         fake_server_binary, "m.gguf", "t.jinja", extra_args=["--foo"], log_dir=tmp_path
     )
@@ -446,6 +448,7 @@ def test_llama_server_waits_for_health_and_stops(fake_server_binary: Path, tmp_p
     argv = server.log_path.read_text()
     assert "-m m.gguf --chat-template-file t.jinja" in argv
     assert "-c 4096 -np 1 --metrics --foo" in argv
+    assert "health 503\nhealth 200\n" in argv  # it asked again after the 503
 
 
 def test_llama_server_early_exit_reports_log_tail(

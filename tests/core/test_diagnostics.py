@@ -9,16 +9,12 @@ import copy
 from typing import Any
 
 import pytest
-from anthropic.types import Diagnostics
-from openai.types.responses.response import PromptCacheDiagnostics
-from pydantic import TypeAdapter
 
 from proxy.core.diagnostics import anthropic_diagnostics, diagnose, openai_diagnostics
 from proxy.core.prefix import RenderedPrompt
 from proxy.core.turns import compare
 from tests.qwen3_toy import BOS, TOOLS, chat, clock_changed, rendered, system, turns, user
-
-OPENAI = TypeAdapter(PromptCacheDiagnostics)
+from tests.sdk_reference import parse_anthropic_diagnostics, parse_openai_diagnostics
 
 
 def diagnosed(
@@ -53,7 +49,7 @@ class TestAnthropic:
         _, d = diagnosed(first, clock_changed(first))
         answer = anthropic_diagnostics(d)
         assert answer is not None
-        parsed = Diagnostics.model_validate(answer)
+        parsed = parse_anthropic_diagnostics(answer)
         assert parsed.cache_miss_reason is not None
         assert parsed.cache_miss_reason.type == "system_changed"
         assert parsed.cache_miss_reason.cache_missed_input_tokens == d.missed_tokens > 0
@@ -70,14 +66,14 @@ class TestAnthropic:
         _, d = diagnosed(first, moved)
         answer = anthropic_diagnostics(d)
         assert answer is not None
-        assert Diagnostics.model_validate(answer).cache_miss_reason.type == "tools_changed"  # type: ignore[union-attr]
+        assert parse_anthropic_diagnostics(answer).cache_miss_reason.type == "tools_changed"  # type: ignore[union-attr]
         body = turns(3)[2]
         edited = copy.deepcopy(body)
         edited["messages"][1]["content"] = "Pick up cube 9 and put it down."
         _, d = diagnosed(body, edited)
         answer = anthropic_diagnostics(d)
         assert answer is not None
-        assert Diagnostics.model_validate(answer).cache_miss_reason.type == "messages_changed"  # type: ignore[union-attr]
+        assert parse_anthropic_diagnostics(answer).cache_miss_reason.type == "messages_changed"  # type: ignore[union-attr]
 
     def test_the_next_turn_with_its_prefix_cached_is_null(self) -> None:
         """The next turn of the same conversation, its prefix served from the cache: no
@@ -94,7 +90,7 @@ class TestAnthropic:
         _, d = diagnosed(one, two, cache_n=3)
         answer = anthropic_diagnostics(d, "slot_evicted")
         assert answer is not None
-        assert Diagnostics.model_validate(answer).cache_miss_reason.type == "unavailable"  # type: ignore[union-attr]
+        assert parse_anthropic_diagnostics(answer).cache_miss_reason.type == "unavailable"  # type: ignore[union-attr]
         assert answer["timing_proxy"]["cause"] == "slot_evicted"
         assert answer["timing_proxy"]["missed_tokens"] > 0
 
@@ -103,12 +99,12 @@ class TestAnthropic:
         another model is ``model_changed``."""
         _, d = diagnosed(None, turns(1)[0])
         answer = anthropic_diagnostics(d)
-        assert Diagnostics.model_validate(answer).cache_miss_reason.type == (  # type: ignore[union-attr]
+        assert parse_anthropic_diagnostics(answer).cache_miss_reason.type == (  # type: ignore[union-attr]
             "previous_message_not_found"
         )
         _, d = diagnosed(turns(1)[0], turns(1)[0], same_model=False)
         answer = anthropic_diagnostics(d)
-        assert Diagnostics.model_validate(answer).cache_miss_reason.type == "model_changed"  # type: ignore[union-attr]
+        assert parse_anthropic_diagnostics(answer).cache_miss_reason.type == "model_changed"  # type: ignore[union-attr]
 
 
 class TestOpenAI:
@@ -117,16 +113,16 @@ class TestOpenAI:
         the next turn, a cache miss with its reason for a clock and for reordered tools, not
         found for an unknown response."""
         one, two = turns(2)
-        hit = OPENAI.validate_python(openai_diagnostics(diagnosed(one, two)[1]))
+        hit = parse_openai_diagnostics(openai_diagnostics(diagnosed(one, two)[1]))
         assert hit.type == "cache_hit"
-        clock = OPENAI.validate_python(openai_diagnostics(diagnosed(one, clock_changed(one))[1]))
+        clock = parse_openai_diagnostics(openai_diagnostics(diagnosed(one, clock_changed(one))[1]))
         assert (clock.type, clock.reason) == ("cache_miss", "input_changed")  # type: ignore[union-attr]
         assert clock.cache_missed_tokens > 0  # type: ignore[union-attr]
         moved = copy.deepcopy(one)
         moved["tools"] = [TOOLS[2], TOOLS[0], TOOLS[1]]
-        tools = OPENAI.validate_python(openai_diagnostics(diagnosed(one, moved)[1]))
+        tools = parse_openai_diagnostics(openai_diagnostics(diagnosed(one, moved)[1]))
         assert tools.reason == "tools_changed"  # type: ignore[union-attr]
-        gone = OPENAI.validate_python(openai_diagnostics(diagnosed(None, one)[1]))
+        gone = parse_openai_diagnostics(openai_diagnostics(diagnosed(None, one)[1]))
         assert gone.type == "comparison_response_not_found"
 
     def test_a_new_question_on_a_shared_prefix_misses_nothing_it_held(self) -> None:
@@ -135,6 +131,6 @@ class TestOpenAI:
         first = chat(system("You control a robot arm."), user("Wave at the visitor."), tools=TOOLS)
         other = chat(system("You control a robot arm."), user("Open the door."), tools=TOOLS)
         answer = openai_diagnostics(diagnosed(first, other)[1])
-        parsed = OPENAI.validate_python(answer)
+        parsed = parse_openai_diagnostics(answer)
         assert (parsed.type, parsed.cache_missed_tokens) == ("cache_miss", 0)  # type: ignore[union-attr]
         assert (parsed.comparison_reusable_tokens or 0) > 0  # type: ignore[union-attr]

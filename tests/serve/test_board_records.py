@@ -3,13 +3,14 @@ format, constant input power) beside a proxy in front of a fake upstream.
 
 At a constant power P the energy of a request is exactly P x its wall interval, and the
 interval is the record's own ``e2e_ms`` (the relay's clock is the sampler's): the expected
-millijoules are computed from the record, not assumed.
+millijoules are computed from the record, not assumed. The fake prints a line at start and
+the next one when the test steps it, after the answer: the samples cover every request,
+however late a loaded machine runs the fake.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,24 +21,19 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.fake_tegrastats import STEPPED_INTERVAL_MS, Stepped
 from tests.fakes import SeenRequest, load_recording, replay
 
-FAKE = Path(__file__).parents[1] / "fake_tegrastats.py"
 POWER_MW = 6250
 
 
-def _wrapper(folder: Path, *args: str) -> str:
-    """An executable that runs the fake tegrastats with ``args`` (what the config names)."""
-    script = folder / "tegrastats"
-    script.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} {" ".join(args)} "$@"\n')
-    script.chmod(0o755)
-    return str(script)
-
-
-async def _proxy_with_board(fake: Any, make_proxy: ProxyFactory, path: str) -> ProxyUnderTest:
+async def _proxy_with_board(
+    fake: Any, make_proxy: ProxyFactory, path: Path, interval_ms: int = STEPPED_INTERVAL_MS
+) -> ProxyUnderTest:
     upstream, server = fake
-    # the recorded arrival times: the stream lasts about a second, many samples long
-    chat = replay(load_recording("chat_stream"), speed=1.0)
+    # the recorded arrival times at a fifth: the stream lasts over 150 ms, so the energies
+    # stand far above the 0.001 mJ their fields are rounded to
+    chat = replay(load_recording("chat_stream"), speed=0.2)
 
     async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
         if request.path == "/metrics":  # a llama-server started without --metrics
@@ -47,7 +43,11 @@ async def _proxy_with_board(fake: Any, make_proxy: ProxyFactory, path: str) -> P
     upstream.script = script
     return await make_proxy(
         str(server.make_url("")).rstrip("/"),
-        board={"telemetry": "tegrastats", "tegrastats_path": path, "telemetry_interval_ms": 20},
+        board={
+            "telemetry": "tegrastats",
+            "tegrastats_path": str(path),
+            "telemetry_interval_ms": interval_ms,
+        },
     )
 
 
@@ -66,13 +66,13 @@ async def _chat(proxy: ProxyUnderTest) -> None:
 
 
 async def _wait_for_samples(proxy: ProxyUnderTest) -> None:
-    """Until the sampler has its first lines (its child process takes a moment to start)."""
+    """Until the sampler has its first line (its child process takes a moment to start)."""
     deadline = time.monotonic() + 20
     while True:
         doc = orjson.loads(await (await proxy.admin.get("/stats")).read())
         await (await proxy.admin.get("/metrics")).read()
         board = doc.get("board") or {}
-        if board.get("state") == "running" and board.get("samples", 0) >= 2:
+        if board.get("state") == "running" and board.get("samples", 0) >= 1:
             return
         assert time.monotonic() < deadline, f"sampler not running: {board}"
         await asyncio.sleep(0.05)
@@ -85,11 +85,11 @@ async def test_energy_of_a_request_is_power_times_its_interval(
     energy_mj is 6.25 W x e2e_ms exactly (the trapezoid of a constant is exact), its
     power_w_avg is 6.25, energy per token divides by predicted_n, and the line's GPU load,
     RAM and hottest sensor are carried over."""
-    proxy = await _proxy_with_board(
-        fake, make_proxy, _wrapper(tmp_path, "--power-mw", str(POWER_MW))
-    )
+    tegrastats = Stepped(tmp_path, "--power-mw", str(POWER_MW))
+    proxy = await _proxy_with_board(fake, make_proxy, tegrastats.path)
     await _wait_for_samples(proxy)
     await _chat(proxy)
+    tegrastats.step()  # the sample that closes the request's interval
     await _records(proxy, 1)
     record = proxy.captured.last
     assert record.e2e_ms is not None and record.e2e_ms > 100
@@ -110,11 +110,11 @@ async def test_stats_and_metrics_show_the_board(
 ) -> None:
     """/stats has the sampler's state under board, /metrics the latest power as a gauge and
     the request's energy in joules."""
-    proxy = await _proxy_with_board(
-        fake, make_proxy, _wrapper(tmp_path, "--power-mw", str(POWER_MW))
-    )
+    tegrastats = Stepped(tmp_path, "--power-mw", str(POWER_MW))
+    proxy = await _proxy_with_board(fake, make_proxy, tegrastats.path)
     await _wait_for_samples(proxy)
     await _chat(proxy)
+    tegrastats.step()  # the sample that closes the request's interval
     await _records(proxy, 1)
     doc = orjson.loads(await (await proxy.admin.get("/stats")).read())
     assert doc["board"]["mode"] == "tegrastats" and doc["board"]["state"] == "running"
@@ -131,7 +131,9 @@ async def test_a_sampler_that_never_starts_leaves_the_fields_null_with_a_reason(
 ) -> None:
     """With a tegrastats path that does not exist the proxy still relays; the record's
     energy is null and telemetry_error says why."""
-    proxy = await _proxy_with_board(fake, make_proxy, str(tmp_path / "no-such-tegrastats"))
+    # a short interval: a record that ends while the first start is still failing waits
+    # two intervals for a sample that never comes
+    proxy = await _proxy_with_board(fake, make_proxy, tmp_path / "no-such-tegrastats", 20)
     await _chat(proxy)
     await _records(proxy, 1)
     record = proxy.captured.last

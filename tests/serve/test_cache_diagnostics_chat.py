@@ -10,24 +10,25 @@ asked for one); a request without it gets the upstream's bytes unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionStreamOptionsParam
 
 from tests.conftest import ProxyFactory, ProxyUnderTest
+from tests.sdk_reference import parse_openai_diagnostics, sdks
 from tests.serve.test_cache_diagnostics_serve import (
-    OPENAI,
     SYSTEM,
     FakeLlama,
     openai_option,
     started,
     wait_record,
 )
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionStreamOptionsParam
 
 STREAMS: dict[str, dict[str, Any]] = {
     "body": {},
@@ -162,6 +163,9 @@ async def test_chat_clock_change_is_input_changed(
     stream's ``finish_reason`` chunk, or on its usage chunk when it asked for one."""
     _, server = chat_llama
     proxy = await started(make_proxy, server)
+    sdks()  # loaded (and frozen) as the readers load it: tests/sdk_reference.py
+    from openai import AsyncOpenAI
+
     async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="-", max_retries=0) as client:
         first = await client.chat.completions.create(**chat_body())
         assert "prompt_cache_diagnostics" not in (first.model_extra or {})
@@ -187,7 +191,7 @@ async def test_chat_clock_change_is_input_changed(
                 assert carrier.choices[0].finish_reason == "stop"
     record = await wait_record(proxy, 2)
     assert len(carriers) == 1
-    parsed = OPENAI.validate_python(carriers[0]["prompt_cache_diagnostics"])
+    parsed = parse_openai_diagnostics(carriers[0]["prompt_cache_diagnostics"])
     assert parsed.type == "cache_miss" and parsed.reason == "input_changed"
     assert record.prefill_cause == "system_prompt_changed"
     assert record.prefill_lost_tokens is not None and record.prefill_lost_tokens > 0
@@ -210,7 +214,7 @@ async def test_chat_unknown_id_is_not_found_and_only_appended(
     carriers = answered(raw)
     assert len(carriers) == 1
     answer = carriers[0]["prompt_cache_diagnostics"]
-    assert OPENAI.validate_python(answer).type == "comparison_response_not_found"
+    assert parse_openai_diagnostics(answer).type == "comparison_response_not_found"
     member = b',"prompt_cache_diagnostics":' + orjson.dumps(answer)
     assert raw.count(member) == 1
     assert raw.replace(member, b"") == llama.sent[-1]
@@ -255,6 +259,6 @@ async def test_chat_first_turn_opting_in_gets_null_and_next_turn_a_hit(
         {"role": "user", "content": "And the wrist?"},
     ]
     carriers = answered(await post(proxy, "/v1/chat/completions", following))
-    assert [OPENAI.validate_python(c["prompt_cache_diagnostics"]).type for c in carriers] == [
+    assert [parse_openai_diagnostics(c["prompt_cache_diagnostics"]).type for c in carriers] == [
         "cache_hit"
     ]

@@ -18,16 +18,17 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from anthropic.types import Diagnostics, RawMessageStartEvent
-from openai.types.responses.response import PromptCacheDiagnostics
-from pydantic import TypeAdapter
 
 from proxy.core.dialects import MESSAGES, RESPONSES
 from proxy.core.record import Record
 from tests.conftest import ProxyFactory, ProxyUnderTest
 from tests.qwen3_toy import BOS, VOCAB, render_qwen3, toy_pieces
+from tests.sdk_reference import (
+    parse_anthropic_diagnostics,
+    parse_message_start,
+    parse_openai_diagnostics,
+)
 
-OPENAI = TypeAdapter(PromptCacheDiagnostics)
 SYSTEM = "You are the controller of a robot arm. Be brief and exact. The time is 10:00."
 
 
@@ -298,10 +299,10 @@ async def test_messages_clock_change_is_system_changed(
     if stream:
         event = events(raw)["message_start"]
         answer = event["message"]["diagnostics"]
-        diagnostics = RawMessageStartEvent.model_validate(event).message.diagnostics
+        diagnostics = parse_message_start(event).message.diagnostics
     else:
         answer = orjson.loads(raw)["diagnostics"]
-        diagnostics = Diagnostics.model_validate(answer)
+        diagnostics = parse_anthropic_diagnostics(answer)
     assert diagnostics is not None and diagnostics.cache_miss_reason is not None
     reason = diagnostics.cache_miss_reason
     assert reason.type == "system_changed"
@@ -325,7 +326,7 @@ async def test_responses_clock_change_is_input_changed(
     proxy = await started(make_proxy, server)
     raw, record = await two_turns(proxy, "/v1/responses", responses_body, openai_option, stream)
     response = events(raw)["response.completed"]["response"] if stream else orjson.loads(raw)
-    parsed = OPENAI.validate_python(response["prompt_cache_diagnostics"])
+    parsed = parse_openai_diagnostics(response["prompt_cache_diagnostics"])
     assert parsed.type == "cache_miss"
     assert parsed.reason == "input_changed"
     assert record.prefill_lost_tokens is not None and record.prefill_lost_tokens > 0
@@ -366,14 +367,14 @@ async def test_an_unknown_id_is_not_found(
     _, server = fake_llama
     proxy = await started(make_proxy, server)
     raw, _ = await post(proxy, "/v1/messages", messages_body(**anthropic_option("chatcmpl-x")))
-    parsed = Diagnostics.model_validate(orjson.loads(raw)["diagnostics"])
+    parsed = parse_anthropic_diagnostics(orjson.loads(raw)["diagnostics"])
     assert parsed.cache_miss_reason is not None
     assert parsed.cache_miss_reason.type == "previous_message_not_found"
     raw, _ = await post(
         proxy, "/v1/responses", responses_body(stream=True, **openai_option("resp_x"))
     )
     completed = events(raw)["response.completed"]["response"]
-    parsed_openai = OPENAI.validate_python(completed["prompt_cache_diagnostics"])
+    parsed_openai = parse_openai_diagnostics(completed["prompt_cache_diagnostics"])
     assert parsed_openai.type == "comparison_response_not_found"
 
 
@@ -424,7 +425,7 @@ async def test_an_unchanged_next_turn_says_nothing_was_missed(
     ]
     raw, _ = await post(proxy, "/v1/responses", following)
     answer = events(raw)["response.completed"]["response"]["prompt_cache_diagnostics"]
-    assert OPENAI.validate_python(answer).type == "cache_hit"
+    assert parse_openai_diagnostics(answer).type == "cache_hit"
 
 
 async def test_the_kept_prompts_are_bounded_by_the_history(

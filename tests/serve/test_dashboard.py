@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 import pytest
@@ -32,17 +32,12 @@ from tests.conftest import ProxyFactory, ProxyUnderTest, proxy_app
 from tests.fakes import FakeUpstream, load_recording, replay
 from tests.terminal import terminal_log
 
-try:
+if TYPE_CHECKING:  # imported by the ``browser`` fixture: a run without it never loads it
     from playwright.async_api import (  # type: ignore[import-not-found,unused-ignore]
         Browser,
         Page,
         Route,
-        async_playwright,
     )
-except ImportError as exc:  # reported by the ``browser`` fixture
-    PLAYWRIGHT_MISSING: str | None = f"the playwright pip package is not installed ({exc})"
-else:
-    PLAYWRIGHT_MISSING = None
 
 CHROMIUM = os.environ.get("TIMING_PROXY_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -82,8 +77,12 @@ def _artifacts() -> Path:
 @asynccontextmanager
 async def _chromium() -> AsyncIterator[Browser]:
     """A headless Debian Chromium (never a downloaded one)."""
-    if PLAYWRIGHT_MISSING is not None:
-        _unavailable(PLAYWRIGHT_MISSING)
+    try:
+        from playwright.async_api import (  # type: ignore[import-not-found,unused-ignore]
+            async_playwright,
+        )
+    except ImportError as exc:
+        _unavailable(f"the playwright pip package is not installed ({exc})")
     if not _chromium_present():
         _unavailable(f"no Chromium at {CHROMIUM} (Debian package: chromium)")
     async with async_playwright() as pw:

@@ -15,7 +15,7 @@ from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.serve import handoff as relay_module
 from proxy.serve.app import RELAY
 from tests.conftest import ProxyFactory, ProxyUnderTest
-from tests.fakes import FakeUpstream, SeenRequest, json_response, slow_steady
+from tests.fakes import FakeUpstream, SeenRequest, json_response, llama_stream, stall_after
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
 
@@ -88,7 +88,9 @@ async def test_records_wait_while_the_relay_is_busy_until_the_limit(
     monkeypatch.setattr(relay_module, "HANDOFF_DELAY_S", 0.05)
     monkeypatch.setattr(relay_module, "HANDOFF_MAX_DELAY_S", 0.6)
     upstream, server = fake
-    stream = slow_steady(20, 0.06)  # about 1.2 s
+    ended = asyncio.Event()
+    events = llama_stream(3)
+    stream = stall_after(events[:1], ended, tail=events[1:])  # in flight until ended is set
     plain = json_response(200, b'{"ok":true}')
 
     async def script(request: web.Request, seen: SeenRequest) -> web.StreamResponse:
@@ -110,6 +112,7 @@ async def test_records_wait_while_the_relay_is_busy_until_the_limit(
         await asyncio.sleep(0.01)
     assert [r.id for r in proxy.captured.records] == [quick]
     assert not streaming.content.at_eof(), "the limit, not the stream's end, handed it off"
+    ended.set()
     await streaming.read()
     for _ in range(300):
         if len(proxy.captured.records) == 2:

@@ -327,24 +327,29 @@ class TestFailures:
 
 
 class TestClientHangUp:
-    """When the agent hangs up, the upstream connection closes at once (llama-server's cancel)."""
+    """When the agent hangs up, the upstream connection closes at once (llama-server's cancel):
+    the hang-up is the only thing that can close it within the wait (the upstream stays
+    silent or streams far longer, and no deadline of the proxy's default config comes
+    sooner)."""
 
     async def test_hang_up_before_headers_closes_upstream(self, proxied: Proxied) -> None:
-        """An agent leaving during prefill closes the upstream socket within a second."""
+        """An agent leaving during prefill closes the upstream socket, which the upstream
+        (silent for 30 s) would have kept open."""
         upstream, proxy = proxied
         upstream.script = hang_before_headers(30)
         _, writer = await _raw_request(proxy.url, CHAT_BODY)
         seen = await upstream.wait_seen()
         writer.close()
         t_close = time.monotonic()
-        assert await seen.wait_connection_closed(within=2.0)
-        assert seen.closed_at is not None and seen.closed_at - t_close < 1.0
+        assert await seen.wait_connection_closed(within=5.0)
+        assert seen.closed_at is not None and seen.closed_at >= t_close
         await _wait_record(proxy)
         r = proxy.captured.last
         assert r.outcome is Outcome.CLIENT_CLOSED and r.ttfb_ms is None
 
     async def test_hang_up_mid_stream_closes_upstream(self, proxied: Proxied) -> None:
-        """An agent leaving mid-stream closes the upstream socket within a second."""
+        """An agent leaving mid-stream closes the upstream socket before the upstream's
+        stream (200 events over 10 s) ends."""
         upstream, proxy = proxied
         upstream.script = slow_steady(200, 0.05)
         reader, writer = await _raw_request(proxy.url, CHAT_BODY)
@@ -352,8 +357,8 @@ class TestClientHangUp:
         seen = await upstream.wait_seen()
         writer.close()
         t_close = time.monotonic()
-        assert await seen.wait_connection_closed(within=2.0)
-        assert seen.closed_at is not None and seen.closed_at - t_close < 1.0
+        assert await seen.wait_connection_closed(within=5.0)
+        assert seen.closed_at is not None and seen.closed_at >= t_close
         assert seen.writes < 200
         await _wait_record(proxy)
         r = proxy.captured.last

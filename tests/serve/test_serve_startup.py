@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,14 +28,8 @@ from proxy.config import Config, load_config
 from proxy.serve.app import PortInUse
 from proxy.serve.keys import BACKGROUND
 from proxy.serve.tasks import spawn
+from tests.conftest import proxy_in_front_of
 from tests.run_app import run_app_arguments
-
-
-@pytest.fixture(autouse=True)
-def _unfreeze() -> Iterator[None]:
-    """``run`` freezes the collector's generations at start-up; give them back after."""
-    yield
-    gc.unfreeze()
 
 
 def _config(upstream_url: str, port: int = 0, admin: str = "127.0.0.1:0") -> Config:
@@ -159,6 +155,34 @@ def test_serve_with_its_admin_port_in_use_names_the_admin_flag() -> None:
     assert done.stderr.startswith("timing-proxy: error: ")
     assert done.stderr.strip().endswith(f"(another process holds that port: {ADMIN_HINT})")
     assert "proxy_started" not in done.stdout + done.stderr
+
+
+OTHER_COMMANDS = ("report", "bench", "demo", "explain", "provision", "plot")
+"""The modules of the commands that are not ``serve`` (``proxy.commands.<name>[.*]``)."""
+
+
+def test_serve_imports_no_other_command(
+    refusing_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m proxy serve``, started, relaying a request and stopped, imports none of
+    the other commands' modules (report, bench, demo, explain, provisioning, plot)."""
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # each import, on the process's stderr
+    with proxy_in_front_of(refusing_url, tmp_path) as proxy:
+        body = b'{"messages": [{"role": "user", "content": "hi"}]}'
+        request = urllib.request.Request(proxy.url + "/v1/chat/completions", data=body)
+        with pytest.raises(urllib.error.HTTPError) as answered:
+            urllib.request.urlopen(request, timeout=10)
+        assert answered.value.code == 502  # relayed: the upstream refuses
+    lines = (tmp_path / "stderr.txt").read_text().splitlines()
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")
+    }
+    assert {"proxy.commands.cli", "proxy.serve.app", "proxy.serve.relay"} <= imported
+    others = [f"proxy.commands.{name}" for name in OTHER_COMMANDS]
+    loaded = sorted(
+        m for m in imported if m in others or m.startswith(tuple(o + "." for o in others))
+    )
+    assert loaded == []
 
 
 def test_other_errors_keep_their_own_line() -> None:

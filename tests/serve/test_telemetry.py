@@ -31,6 +31,7 @@ from proxy.core.cpu_time import (
     socket_inode,
     stat_ticks,
 )
+from proxy.serve.tasks import spawn
 from proxy.serve.telemetry import (
     ProcTelemetry,
     TegrastatsTelemetry,
@@ -38,19 +39,10 @@ from proxy.serve.telemetry import (
     find_pid_by_port,
     telemetry_for,
 )
+from tests.fake_tegrastats import STEPPED_INTERVAL_MS, Stepped, fake_tegrastats
 
-FAKE = Path(__file__).parents[1] / "fake_tegrastats.py"
 POWER_MW = 5000
 INTERVAL_MS = 50
-
-
-def fake_tegrastats(tmp_path: Path, *args: str, name: str = "tegrastats") -> Path:
-    """An executable ``tegrastats`` in ``tmp_path`` running the fake with ``args``."""
-    path = tmp_path / name
-    extra = " ".join(args)
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" {extra} "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 async def until(check: Callable[[], bool], within_s: float = 10.0) -> None:
@@ -88,13 +80,15 @@ def tegrastats(path: Path, events: Events | None = None, **kwargs: Any) -> Tegra
 class TestTegrastatsSampler:
     async def test_energy_at_a_known_power(self, tmp_path: Path) -> None:
         """A request over a known interval at a constant 5000 mW gets 5000 mW x seconds."""
-        tel = tegrastats(fake_tegrastats(tmp_path, f"--power-mw {POWER_MW}"))
+        fake = Stepped(tmp_path, f"--power-mw {POWER_MW}")
+        tel = tegrastats(fake.path, interval_ms=STEPPED_INTERVAL_MS)
         await tel.start()
         try:
-            await until(lambda: tel.snapshot()["samples"] >= 2)
-            t0 = time.perf_counter()
-            await asyncio.sleep(0.3)
+            await until(lambda: tel.snapshot()["samples"] >= 1)
+            t0 = time.perf_counter()  # after the first sample: the start is covered
+            await asyncio.sleep(0.05)
             t1 = time.perf_counter()
+            fake.step()  # the sample after t1 closes the interval
             out = await tel.sample(t0, t1, tokens=12)
         finally:
             await tel.close()
@@ -110,15 +104,24 @@ class TestTegrastatsSampler:
 
     async def test_sample_waits_for_the_closing_sample(self, tmp_path: Path) -> None:
         """An interval ending now is answered once the next sample arrives, not before."""
-        tel = tegrastats(fake_tegrastats(tmp_path), interval_ms=200)
+        fake = Stepped(tmp_path)
+        tel = tegrastats(fake.path, interval_ms=STEPPED_INTERVAL_MS)
         await tel.start()
         try:
             await until(lambda: tel.snapshot()["samples"] >= 1)
+            t0 = time.perf_counter()  # after the first sample: the start is covered
+            await asyncio.sleep(0.001)
             t1 = time.perf_counter()
-            out = await tel.sample(t1 - 0.001, t1, tokens=None)
+            answer = spawn(tel.sample(t0, t1, tokens=None), set())
+            for _ in range(10):  # every step the loop can run with no sample coming
+                await asyncio.sleep(0)
+            assert not answer.done(), "answered before the sample that closes the interval"
+            fake.step()
+            out = await asyncio.wait_for(answer, 30)
         finally:
             await tel.close()
-        assert out.energy_mj == pytest.approx(POWER_MW * 0.001, abs=1e-3)
+        assert out.energy_mj == pytest.approx(POWER_MW * (t1 - t0), abs=1e-3)
+        assert out.energy_mj is not None and out.energy_mj > 0
         assert out.energy_mj_per_token is None
 
     async def test_before_the_first_sample(self, tmp_path: Path) -> None:

@@ -8,16 +8,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.commands.errors import ExplainError
 from proxy.core.experiment import ToolCallSeen
 from proxy.core.headers import REQUEST_ID_HEADER
 
 __all__ = ["ExplainError", "Http", "Json", "Streamed"]
 
 Json = dict[str, Any]
-
-
-class ExplainError(RuntimeError):
-    """The experiment cannot run (the message is one line and says what to do)."""
 
 
 @dataclass(slots=True)

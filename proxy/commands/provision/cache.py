@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from proxy.commands.errors import ProvisionError
+
 __all__ = [
     "CHUNK",
     "ENV_CACHE",
@@ -40,14 +42,6 @@ ENV_MODEL = "TIMING_PROXY_MODEL"
 
 CHUNK = 1 << 20
 """Read size for hashing and copying large files."""
-
-
-class ProvisionError(RuntimeError):
-    """An artefact could not be downloaded, built or verified.
-
-    The first line of the message says what failed and where its log is; details (a log's
-    tail) follow on later lines.
-    """
 
 
 def cache_root() -> Path:

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from proxy.commands.errors import LlamaServerError
 from proxy.commands.ports import free_port
 from proxy.commands.provision.cache import Log, tail
 
@@ -48,14 +49,6 @@ CPU_CAUSE = (
     "(AMX/AVX-512 in some VMs)"
 )
 REBUILD_FIX = "rebuild it portable (python -m proxy.commands.provision builds with GGML_NATIVE=OFF)"
-
-
-class LlamaServerError(RuntimeError):
-    """llama-server did not become ready.
-
-    The first line of the message says why and names the server's log; the log's tail
-    follows on later lines.
-    """
 
 
 class LlamaServerCrash(LlamaServerError):

@@ -8,12 +8,12 @@ tools' prefill cross-check, the roofline), with :mod:`.breakdown` (per API, per 
 :mod:`.causes` (why prefill was paid, setup findings); :mod:`.render` writes it as text,
 with :mod:`.render_tables`, :mod:`.roofline_text` and :mod:`.textfmt`; :mod:`.run` is the
 command. :mod:`proxy.commands.plot` draws from the summary: :mod:`.run` imports it, and it
-imports only :mod:`.summary` and :mod:`.errors`, so the imports run one way.
+imports only :mod:`.summary` and :mod:`proxy.commands.errors`, so the imports run one way.
 """
 
 from __future__ import annotations
 
-from proxy.commands.report.errors import ReportError
+from proxy.commands.errors import ReportError
 from proxy.commands.report.load import EVENT, Run, load_runs
 from proxy.commands.report.render import render_text
 from proxy.commands.report.run import run_report

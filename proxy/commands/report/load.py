@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from proxy.commands.report.errors import ReportError
+from proxy.commands.errors import ReportError
 from proxy.commands.report.harness import derive, map_names
 from proxy.core.record import Kind, Record
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.commands.report.errors import ReportError
+from proxy.commands.errors import ReportError
 from proxy.commands.report.load import Run, load_runs
 from proxy.commands.report.render import render_text
 from proxy.commands.report.summary import build_report

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from proxy.commands.errors import ReportError
 from proxy.commands.report.breakdown import (
     PER_RUN_FIELDS,
     by_api,
@@ -41,7 +42,6 @@ from proxy.commands.report.causes import (
     findings,
     setup_findings,
 )
-from proxy.commands.report.errors import ReportError
 from proxy.commands.report.harness import DERIVED
 from proxy.commands.report.load import RECORD_FIELDS, Run
 from proxy.commands.report.roofline_text import roofline_lines

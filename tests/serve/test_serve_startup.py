@@ -173,6 +173,7 @@ def test_serve_imports_no_other_command(
         with pytest.raises(urllib.error.HTTPError) as answered:
             urllib.request.urlopen(request, timeout=10)
         assert answered.value.code == 502  # relayed: the upstream refuses
+        answered.value.close()  # the error holds the response and its socket
     lines = (tmp_path / "stderr.txt").read_text().splitlines()
     imported = {
         line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")

@@ -14,7 +14,8 @@ would exceed ``max_event_bytes``, the event is dropped, later lines up to its bl
 ignored unparsed, and ``oversized`` counts it. LF-only input (llama-server's
 ``data: {json}\\n\\n``) takes a fast path: a whole one-line ``data:`` event costs one
 ``find`` and one slice, with no per-byte work; a chunk that is exactly one such event, which
-is how llama-server writes its streams, is checked and sliced without entering the loop.
+is how llama-server writes its streams, is checked and sliced without entering the loop
+(:meth:`SSEFramer.whole`: its data alone, with no list and no event object around it).
 """
 
 from __future__ import annotations
@@ -84,20 +85,28 @@ class SSEFramer:
             or self._trailing_cr
         )
 
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """Consume ``chunk`` and return the events it completes; never raises."""
-        if (  # the chunk is one whole one-line ``data:`` event: how llama-server writes
+    def whole(self, chunk: bytes) -> bytes | None:
+        """The data of ``chunk`` when it is one whole one-line ``data:`` event, LF-ended,
+        arriving between events (how llama-server writes its streams): the event is counted
+        and nothing else changes. None: ``chunk`` is for :meth:`feed`."""
+        if (
             self._simple
             and type(chunk) is bytes
-            and chunk.endswith(b"\n\n")
-            and chunk.startswith(b"data:")
             and chunk.find(b"\n") == len(chunk) - 2
+            and chunk[-1] == 10  # the chunk ends with its first LF and a second one
+            and chunk.startswith(b"data:")
             and chunk.find(b"\r") < 0
             and len(chunk) - 2 <= self.max_event_bytes
         ):
             self.events += 1
-            start = 6 if chunk.startswith(b" ", 5) else 5
-            return [_event((chunk[start:-2], "message", self._last_id, None))]
+            return chunk[6:-2] if chunk[5] == 32 else chunk[5:-2]  # one space after the colon
+        return None
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Consume ``chunk`` and return the events it completes; never raises."""
+        data = self.whole(chunk)
+        if data is not None:
+            return [_event((data, "message", self._last_id, None))]
         self._simple = False  # until this chunk is framed
         out: list[SSEEvent] = []
         if (

@@ -156,9 +156,14 @@ class StreamTracker:
         if self._analysis_error is not None:
             return
         try:
-            if self._framer is not None:
-                for event in self._framer.feed(chunk):
-                    self._on_event(event.data, now)
+            framer = self._framer
+            if framer is not None:
+                data = framer.whole(chunk)
+                if data is not None:
+                    self._on_event(data, now)
+                else:
+                    for event in framer.feed(chunk):
+                        self._on_event(event.data, now)
             elif self._body is not None:
                 self._keep(chunk)
         except Exception as exc:  # the analysis must never disturb the relay

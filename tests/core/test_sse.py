@@ -372,6 +372,52 @@ class TestLlamaServer:
         assert chunked == whole
         assert counters(f2) == counters(f1)
 
+    @pytest.mark.parametrize(
+        "chunk", [b"data: a\n\n", b"data:a\n\n", b"data:\n\n", b"data: \n\n", b"data:  a\n\n"]
+    )
+    def test_whole_gives_the_data_feed_gives_for_a_chunk_of_one_event(self, chunk: bytes) -> None:
+        """After the first chunk, ``whole`` returns the data ``feed`` dispatches for a chunk
+        of exactly one one-line ``data:`` event (one space after the colon dropped, no
+        other), and counts the event."""
+        fed, f1 = run([b"data: x\n\n", chunk])
+        f2 = SSEFramer()
+        f2.feed(b"data: x\n\n")
+        assert f2.whole(chunk) == fed[-1].data
+        assert counters(f2) == counters(f1)
+
+    @pytest.mark.parametrize(
+        "chunk",
+        [
+            b"",
+            b"\n\n",
+            b"data: a\n",  # no blank line
+            b"data: a\nb",  # one LF, one byte after it
+            b"data: a\n\ndata: b\n\n",  # two events
+            b"data: a\nid: 1\n\n",  # two lines
+            b"id: 1\n\n",  # no data field
+            b"data: a\r\n\r\n",  # CR line ends
+            b"data: a\rb\n\n",  # a CR inside
+            b"data: 0123456789abc\n\n",  # over the cap (12 bytes)
+            bytearray(b"data: a\n\n"),  # not bytes
+        ],
+    )
+    def test_whole_leaves_every_other_chunk_to_feed(self, chunk: bytes) -> None:
+        """``whole`` returns None and changes nothing for a chunk that is not exactly one
+        whole one-line ``data:`` event without CR, within the cap; then ``feed`` frames it
+        as the stream fed whole would."""
+        _, f = run([b"data: x\n\n"], cap=12)
+        before = counters(f)
+        assert f.whole(chunk) is None
+        assert counters(f) == before
+        assert f.feed(chunk) == run([b"data: x\n\n" + bytes(chunk)], cap=12)[0][1:]
+
+    def test_whole_leaves_the_first_chunk_to_feed(self) -> None:
+        """The first chunk of a stream goes to ``feed`` (it may open with a BOM), even when
+        it is one whole event."""
+        f = SSEFramer()
+        assert f.whole(b"data: a\n\n") is None
+        assert f.events == 0
+
 
 # --- property tests --------------------------------------------------------------------
 

@@ -17,8 +17,7 @@ end of the ``async with``; :attr:`Deadlines.expired` then says which of the two 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Generic, TypeVar
 
 __all__ = ["Deadlines"]
@@ -50,23 +49,33 @@ class Deadlines(Generic[T]):
         self.expired: T | None = None
         """What expired (``on_read`` or ``on_write``), once the timeout fired."""
 
-    @asynccontextmanager
-    async def watching(self) -> AsyncIterator[Deadlines[T]]:
-        """The deadlines apply inside; ``TimeoutError`` when one expired."""
+    def watching(self) -> Deadlines[T]:
+        """The deadlines apply inside ``async with``; ``TimeoutError`` when one expired."""
+        return self
+
+    async def __aenter__(self) -> Deadlines[T]:
         timeout = asyncio.timeout(None)
+        await timeout.__aenter__()
+        self._timeout = timeout
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        timeout, self._timeout = self._timeout, None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        assert timeout is not None
         try:
-            async with timeout:
-                self._timeout = timeout
-                yield self
+            await timeout.__aexit__(exc_type, exc, tb)  # TimeoutError when it fired
         except TimeoutError:
             if timeout.expired():
                 self.expired = self._fired
             raise
-        finally:
-            self._timeout = None
-            if self._watch is not None:
-                self._watch.cancel()
-                self._watch = None
 
     @property
     def due(self) -> float | None:

@@ -97,15 +97,18 @@ async def ask(
     response's head, at most ``header_timeout_s`` (0: no limit). A :class:`Refusal` when
     none comes: 504 ``upstream_timeout``, or 502 ``upstream_unreachable`` in words."""
     url = URL(base + request.raw_path, encoded=True)
+    asked = session.request(
+        request.method,
+        url,
+        headers=request_headers(request.headers.items(), drop),
+        data=body if body else None,
+        allow_redirects=False,
+    )
     try:
-        async with asyncio.timeout(header_timeout_s if header_timeout_s > 0 else None):
-            return await session.request(
-                request.method,
-                url,
-                headers=request_headers(request.headers.items(), drop),
-                data=body if body else None,
-                allow_redirects=False,
-            )
+        if header_timeout_s <= 0:
+            return await asked
+        async with asyncio.timeout(header_timeout_s):
+            return await asked
     except TimeoutError:
         message = f"upstream sent no response headers within {header_timeout_s} s"
         raise Refusal(Outcome.UPSTREAM_TIMEOUT, 504, message) from None

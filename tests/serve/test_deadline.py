@@ -101,6 +101,18 @@ class TestDeadlines:
         assert d.expired is None
         task.uncancel()
 
+    async def test_a_timeout_error_from_inside_is_no_expiry(self) -> None:
+        """A ``TimeoutError`` the code inside raises itself passes through unchanged, and
+        nothing is named expired."""
+        d = Deadlines(5.0, 5.0, "read", "write")
+        own = TimeoutError("the code's own")
+        with pytest.raises(TimeoutError) as raised:
+            async with d.watching():
+                d.reading()
+                raise own
+        assert raised.value is own
+        assert d.expired is None
+
     async def test_calls_after_expiry_change_nothing(self) -> None:
         """A write started after the timeout fired, before its cancellation has ended the
         block, neither fails nor renames what expired."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -181,6 +183,25 @@ class ProxyProcess:
             time.sleep(0.02)
 
 
+PROXY_START_S = 60.0
+"""How long ``python -m proxy serve`` may take to answer ``/stats``: under a second on an
+idle machine, a minute for a CI host whose cores are lent elsewhere (the budget of the
+other servers the tests start is one to three minutes)."""
+
+
+def _not_started(proc: subprocess.Popen[bytes], stderr: Path) -> str:
+    """Why a proxy that is still running never answered: its stderr, with the stack of every
+    thread (``SIGABRT`` under ``PYTHONFAULTHANDLER``), and how busy the machine was."""
+    proc.send_signal(signal.SIGABRT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    load = ", ".join(f"{n:.2f}" for n in os.getloadavg())
+    return (
+        f"proxy did not answer /stats within {PROXY_START_S:.0f} s (load average {load});"
+        f" its stderr:\n{stderr.read_text(errors='replace')}"
+    )
+
+
 @contextmanager
 def proxy_in_front_of(
     upstream: str, folder: Path, config: Path | None = None
@@ -201,19 +222,21 @@ def proxy_in_front_of(
             ],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
-            env={**os.environ},
+            # a fatal signal dumps every thread's stack to stderr: a start that hangs shows where
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
         url, admin_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
         try:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + PROXY_START_S
             while True:
                 try:
                     with urllib.request.urlopen(admin_url + "/stats", timeout=1):
                         break
                 except OSError:
                     assert proc.poll() is None, (folder / "stderr.txt").read_text()
-                    assert time.monotonic() < deadline, "proxy did not start"
-                    time.sleep(0.05)
+                if time.monotonic() >= deadline:  # outside the except: no chained traceback
+                    pytest.fail(_not_started(proc, folder / "stderr.txt"), pytrace=False)
+                time.sleep(0.05)
             yield ProxyProcess(url=url, log_file=log_file, proc=proc, admin_url=admin_url)
         finally:
             proc.terminate()

@@ -43,6 +43,7 @@ from proxy.config import ConfigError, load_config, parse_listen
 from proxy.core.record import Outcome
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S
 from proxy.serve.metrics import Metrics
+from tests.conftest import PROXY_START_S
 from tests.llama import debian_tool
 from tests.serve.test_metrics import BOARD_SAMPLE, every_family_record
 
@@ -558,7 +559,7 @@ class Served:
 
 def _wait_listening(proc: subprocess.Popen[bytes], ports: tuple[int, ...], stderr: Path) -> None:
     """Wait until ``proc`` accepts connections on each of ``ports`` on loopback."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + PROXY_START_S
     for port in ports:
         while True:
             try:

@@ -41,7 +41,7 @@ from proxy.config import Config, load_config
 from proxy.core.headers import REQUEST_ID_HEADER
 from proxy.core.record import Kind, Outcome, Record
 from proxy.serve.app import SHUTDOWN_AFTER_DRAIN_S, SINKS, upstream_session
-from tests.conftest import Captured, ProxyFactory, ProxyUnderTest
+from tests.conftest import PROXY_START_S, Captured, ProxyFactory, ProxyUnderTest
 from tests.fakes import (
     DONE,
     FakeUpstream,
@@ -649,7 +649,7 @@ class TestGracefulShutdown:
         )
         try:
             async with aiohttp.ClientSession() as client:
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + PROXY_START_S
                 while True:
                     try:
                         async with client.get(admin + "/stats") as ready:

@@ -50,7 +50,7 @@ from proxy.serve.metrics import Metrics
 from proxy.serve.model_info import ModelInfo
 from proxy.serve.sinks import RecordSinks
 from proxy.serve.tasks import spawn
-from tests.conftest import Captured
+from tests.conftest import PROXY_START_S, Captured
 from tests.fakes import DONE, FakeClock, FakeUpstream, json_response, slow_steady
 from tests.serve.test_faults import CHAT_BODY, NO_MODELS, routed
 
@@ -186,8 +186,9 @@ async def serve(tmp_path: Path) -> AsyncIterator[Any]:
 
 async def _wait_ready(serving: Serving) -> None:
     """Until the admin listener answers (it waits for the agent's listener)."""
+    deadline = time.monotonic() + PROXY_START_S
     async with aiohttp.ClientSession() as client:
-        for _ in range(400):
+        while time.monotonic() < deadline:
             try:
                 async with client.get(serving.admin + "/stats") as ready:
                     if ready.status == 200:
@@ -196,7 +197,7 @@ async def _wait_ready(serving: Serving) -> None:
                 pass
             assert serving.proc.returncode is None, serving.stderr_file.read_text()
             await asyncio.sleep(0.05)
-    raise AssertionError("the proxy did not start")
+    raise AssertionError(f"the proxy did not answer /stats within {PROXY_START_S:.0f} s")
 
 
 async def _send(url: str, count: int) -> list[str]:

@@ -112,3 +112,20 @@ def test_a_short_last_question_after_a_moved_block_is_repeated() -> None:
     assert repeated_tokens(as_bytes(earlier), as_bytes(new), 2, len(earlier), content) == 80
     edited = [1, 2, *tool_b, *tool_a, *range(300, 320), *range(400, 403), 999, *range(500, 515)]
     assert repeated_tokens(as_bytes(earlier), as_bytes(edited), 2, len(earlier), content) == 40
+
+
+def test_the_last_word_of_another_question_does_not_make_its_markup_repeated() -> None:
+    """Two different questions ending in the same token (``?``) before the same 20 tokens of
+    markup: the run from that token holds all the text the earlier prompt has left, but it
+    starts inside the earlier question, so it is not repeated; a one-token question repeated
+    whole (the run starts at its text's first token) is."""
+    markup, tail = list(range(300, 306)), list(range(500, 520))
+    earlier = [1, 2, *range(100, 130), *markup, *range(400, 405), *tail]
+    content = bytes([0, 0, *[1] * 30, *[0] * 6, *[1] * 5, *[0] * 20])
+    new = [1, 2, *range(600, 640), *markup, *range(700, 708), 404, *tail]
+    assert repeated_tokens(as_bytes(earlier), as_bytes(new), 2, len(earlier), content) == 0
+    assert naive(earlier, new, 2, len(earlier), list(content)) == 0
+    one_word = [1, 2, *range(100, 130), *markup, 404, *tail]
+    content = bytes([0, 0, *[1] * 30, *[0] * 6, 1, *[0] * 20])
+    got = repeated_tokens(as_bytes(one_word), as_bytes(new), 2, len(one_word), content)
+    assert got == 21 == naive(one_word, new, 2, len(one_word), list(content))

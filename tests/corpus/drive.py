@@ -19,6 +19,7 @@ __all__ = [
     "agents_sdk_chat",
     "agents_sdk_responses",
     "anthropic_tool_loop",
+    "chat_then_tools",
     "clock_in_system_prompt",
     "langchain_tool_loop",
     "openai_tool_loop",
@@ -271,3 +272,18 @@ def proxy_sees_part(proxy: str, direct: str) -> None:
     packer.ask()
     packer.base = proxy
     packer.ask()
+
+
+ASSISTANT = "You are a helpful assistant on a warehouse robot. Answer briefly."
+
+
+def chat_then_tools(proxy: str, direct: str) -> None:
+    """Three one-shot calls of one robot: a question with a system prompt and no tools, a
+    tool call on another question with the tools and no system prompt, then a third question
+    with the first one's system prompt."""
+    questions = ["What time is it?", "How many pallets are on shelf 3?", "Is the dock open?"]
+    plain = [{"role": "system", "content": ASSISTANT}, {"role": "user", "content": questions[0]}]
+    OpenAIAgent(proxy, plain, None).ask()
+    OpenAIAgent(proxy, [{"role": "user", "content": questions[1]}], tools("scan_shelf")).ask()
+    plain = [{"role": "system", "content": ASSISTANT}, {"role": "user", "content": questions[2]}]
+    OpenAIAgent(proxy, plain, None).ask()

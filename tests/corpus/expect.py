@@ -323,12 +323,49 @@ def proxy_sees_part(requests: Requests) -> Scenario:
     )
 
 
+def chat_then_tools(requests: Requests) -> Scenario:
+    return Scenario(
+        what="One robot's three one-shot calls: a question with a system prompt, a tool call "
+        "on another question with no system prompt, a third question with the first one's "
+        "system prompt (one slot).",
+        client="openai: chat.completions.create, a fresh message list per call",
+        replays={
+            "full": [
+                Expect("cold", FIRST, conversation="question 1", turn=1),
+                Expect(
+                    "cold",
+                    "Another task: the tool call shares only the template's header with the "
+                    "first question. Its system block holds the tools where the first had "
+                    "its system prompt, and its question is another; the template's markup "
+                    "after the two questions' last character is the same, which is not the "
+                    "first prompt repeated: no change to blame, a new conversation.",
+                    conversation="tool call",
+                    turn=1,
+                ),
+                Expect(
+                    "branch",
+                    "A new question after the first one's system prompt: a branch of the "
+                    "first prompt, a new conversation. The tool call took the only slot in "
+                    "between, so llama-server kept only the template header it shares and "
+                    "prefilled the system prompt again: evicted.",
+                    matched=0,
+                    diverged_section="messages[1].content",
+                    prefill_cause="slot_evicted",
+                    conversation="question 3",
+                    turn=1,
+                ),
+            ]
+        },
+    )
+
+
 EXPECTATIONS = {
     "openai_tool_loop": openai_tool_loop,
     "agents_sdk_responses": _agents("OpenAIResponsesModel (/v1/responses)"),
     "agents_sdk_chat": _agents("OpenAIChatCompletionsModel (/v1/chat/completions)"),
     "langchain_tool_loop": langchain_tool_loop,
     "anthropic_tool_loop": anthropic_tool_loop,
+    "chat_then_tools": chat_then_tools,
     "robot_commands": robot_commands,
     "two_agents_one_slot": two_agents_one_slot,
     "clock_in_system_prompt": clock_in_system_prompt,

@@ -192,7 +192,8 @@ def naive_repeated(
     run of ``earlier`` found anywhere in ``new[start:]`` (every place tried); one of at least
     :data:`RUN` tokens is counted and passed over, else the next position is tried. With
     ``own`` (1 for each token of the request's own text), a run counts only when it holds
-    :data:`MIN_CONTENT` such tokens, or all that remain before ``stop`` and at least one."""
+    :data:`MIN_CONTENT` such tokens, or, starting outside a text or at its first token, all
+    that remain before ``stop`` and at least one."""
     end = len(earlier) if stop is None else stop
     tail = new[start:]
     total, i = 0, start
@@ -205,7 +206,8 @@ def naive_repeated(
             longest = max(longest, n)
         counts = longest >= RUN
         if counts and own is not None:
-            needed = max(1, min(MIN_CONTENT, sum(own[i:end])))
+            mid_text = i > 0 and own[i] == 1 and own[i - 1] == 1
+            needed = MIN_CONTENT if mid_text else max(1, min(MIN_CONTENT, sum(own[i:end])))
             counts = sum(own[i : i + longest]) >= needed
         total, i = (total + longest, i + longest) if counts else (total, i + 1)
     return total

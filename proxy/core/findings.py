@@ -7,8 +7,10 @@ last turn of the earlier one (in a system message, in the tools, in the history,
 compaction) and repeats what the earlier one had after the change; the template left out part
 of the history (earlier reasoning), so the previous answer's tokens cannot be reused; the
 server had the shared prefix and reused less of it, after the previous turn filled the context
-(a context shift), after other prompts ran (evicted, or another slot), or with nothing between
-(a sliding-window model without ``--swa-full``, whose cache resumes only from checkpoints).
+(a context shift), after other prompts ran and kept no more than they share with it (evicted,
+or another slot), or with nothing between or more of its own tokens kept than those prompts
+could leave (a sliding-window model without ``--swa-full``, whose cache resumes only from
+checkpoints).
 A new question on a shared prefix, or a prompt whose predecessor the proxy did not see, has no
 cause of its own.
 """
@@ -127,8 +129,19 @@ def cause_of(
         if n_ctx is not None and (a.previous_extent or 0) >= n_ctx - 1:
             # the previous turn and its answer filled the slot: llama-server shifted it
             return Cause.CONTEXT_SHIFT
-        return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
+        return _shortfall_cause(a)
     return None
+
+
+def _shortfall_cause(a: Attribution) -> Cause:
+    """Why the server reused less of a prefix it had been sent: the slot was taken when
+    other prompts ran in between and the server kept no more than they share with this one;
+    else (nothing in between, or it kept more of this prompt's own tokens than any of them
+    could have left) a sliding-window model that resumes only from a context checkpoint."""
+    kept = a.reusable_tokens - (a.cache_lost_tokens or 0)
+    if a.between == 0 or (a.between_reach is not None and kept > a.between_reach):
+        return Cause.SLIDING_WINDOW
+    return Cause.SLOT_EVICTED
 
 
 def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | None:
@@ -147,7 +160,7 @@ def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | Non
         return None
     if a.cache_lost_tokens is None or a.cache_lost_tokens < LOST_MIN_TOKENS:
         return None
-    return Cause.SLOT_EVICTED if a.between > 0 else Cause.SLIDING_WINDOW
+    return _shortfall_cause(a)
 
 
 def dropped_section(missing: tuple[str, ...]) -> str | None:

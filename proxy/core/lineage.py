@@ -54,6 +54,9 @@ class Attribution:
     """The sequence number of the earlier prompt matched."""
     between: int = 0
     """Prompts of the same model seen after the match and before this one."""
+    between_reach: int | None = None
+    """The most tokens (BOS counted) this prompt shares with any of those ``between``
+    prompts: all a slot they took could still serve it. None when some are no longer held."""
     changed: Changed | None = None
     """For a rewrite or a compaction: what changed first."""
     repeated_tokens: int = 0
@@ -111,7 +114,7 @@ class PromptHistory:
         count them, as ``cache_n`` does."""
         self._seq += 1
         model_seq = self._model_seq[model] = self._model_seq.get(model, 0) + 1
-        best, shared, extends = self._best(prompt, model)
+        best, shared, extends, shares = self._best(prompt, model)
         verdict = classify(prompt, best.prompt if best else None, shared, extends)
         kind = verdict.kind
         total = len(prompt) + offset
@@ -141,6 +144,7 @@ class PromptHistory:
             turn=turn,
             matched=best.seq if best is not None else None,
             between=model_seq - 1 - best.model_seq if best is not None else 0,
+            between_reach=_reach(shares, best, model_seq, offset),
             changed=verdict.changed,
             repeated_tokens=verdict.repeated,
             predecessor_unknown=unknown,
@@ -175,14 +179,19 @@ class PromptHistory:
         """About the memory the held prompts take."""
         return self._bytes
 
-    def _best(self, prompt: RenderedPrompt, model: str) -> tuple[_Seen | None, int, bool]:
+    def _best(
+        self, prompt: RenderedPrompt, model: str
+    ) -> tuple[_Seen | None, int, bool, dict[int, int]]:
+        """The best match, the tokens it shares, whether this prompt extends it, and the
+        tokens shared with each held prompt of ``model`` by its ``model_seq``."""
         best: _Seen | None = None
         best_key = (-1, -1, -1)
         best_shared = 0
+        shares: dict[int, int] = {}
         for seen in reversed(self._held.values()):
             if seen.model != model:
                 continue
-            shared = shared_prefix(prompt.tokens, seen.prompt.tokens)
+            shared = shares[seen.model_seq] = shared_prefix(prompt.tokens, seen.prompt.tokens)
             if prompt.tokens == seen.prompt.tokens:
                 rank = 2  # a repeat: its own prompt, before any it extends
             elif shared >= seen.prompt.generation_start() and len(prompt) > shared:
@@ -192,7 +201,7 @@ class PromptHistory:
             key = (rank, shared, seen.seq)
             if key > best_key:
                 best, best_key, best_shared = seen, key, shared
-        return best, best_shared, best_key[0] == 1
+        return best, best_shared, best_key[0] == 1, shares
 
     def _conversation(
         self, prompt: RenderedPrompt, best: _Seen | None, kind: PrefixKind, explicit: str | None
@@ -235,6 +244,17 @@ class PromptHistory:
         self._bytes -= seen.prompt.nbytes
         if self._last.get(seen.conversation) == seq:
             del self._last[seen.conversation]
+
+
+def _reach(shares: dict[int, int], best: _Seen | None, model_seq: int, offset: int) -> int | None:
+    """The most tokens (BOS counted) shared with a prompt seen between ``best`` and the
+    prompt numbered ``model_seq``; None when one of them is no longer held."""
+    if best is None:
+        return None
+    between = range(best.model_seq + 1, model_seq)
+    if any(seq not in shares for seq in between):
+        return None
+    return max((shares[seq] + offset for seq in between), default=0)
 
 
 def _extent(seen: _Seen | None) -> int | None:

@@ -263,6 +263,29 @@ class TestCauseOf:
         assert sent.attribution.between == 1
         assert sent.cause is Cause.SLOT_EVICTED
 
+    def test_a_slot_that_kept_more_than_the_prompts_between_share_was_not_evicted(
+        self,
+    ) -> None:
+        """Another agent's prompt ran between two turns, but the server kept more of this
+        conversation than that prompt shares with it (each agent on a slot of its own, a
+        sliding-window server resuming from a checkpoint): sliding_window, never
+        slot_evicted; kept no more than the other prompt shares: slot_evicted."""
+        one, two = turns(2)
+        probe = Agent()
+        probe.send(one)
+        probe.send(other_agent(0))
+        a = probe.send(two).attribution
+        assert a.between_reach is not None
+        assert a.reusable_tokens - LOST_MIN_TOKENS > a.between_reach
+        for cache_n, expected in (
+            (a.reusable_tokens - LOST_MIN_TOKENS, Cause.SLIDING_WINDOW),
+            (a.between_reach, Cause.SLOT_EVICTED),
+        ):
+            agent = Agent()
+            agent.send(one)
+            agent.send(other_agent(0))
+            assert agent.send(two, cache_n=cache_n).cause is expected
+
     def test_cache_lost_with_nothing_between_is_sliding_window(self) -> None:
         """The shared prefix not reused with nothing between the two turns is
         sliding_window; fewer than LOST_MIN_TOKENS lost is the server's margin, no cause;
@@ -343,14 +366,16 @@ class TestLostTokens:
             assert sent.attribution.conversation != "c1"
 
     def test_a_cache_shortfall_costs_the_lost_tokens(self) -> None:
-        """For an eviction the lost tokens are the cache's shortfall."""
+        """For an eviction (the other agent's prompt took the one slot, which then holds
+        only what that prompt shares) the lost tokens are the cache's shortfall."""
         one, two = turns(2)
         agent = Agent()
         agent.send(one)
         agent.send(other_agent(0))
-        sent = agent.send(two, cache_n=7)
+        sent = agent.send(two)
+        cache_n = sent.prompt_tokens - sent.prompt_n
         assert sent.cause is Cause.SLOT_EVICTED
-        assert sent.loss.tokens == sent.attribution.reusable_tokens - 7
+        assert sent.loss.tokens == sent.attribution.reusable_tokens - cache_n > 0
 
     @given(st.integers(0, 400))
     def test_never_more_than_was_evaluated(self, prompt_n: int) -> None:

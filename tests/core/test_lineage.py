@@ -328,6 +328,34 @@ class TestPromptHistory:
         assert a.prefix_kind is PrefixKind.EXTENDS
         assert (a.matched, a.between, a.conversation, a.turn) == (1, 3, "c1", 2)
 
+    def test_between_reach_is_the_most_a_prompt_between_shares(self) -> None:
+        """The prompts between the match and this one share at most ``between_reach``
+        tokens (BOS counted) with it, as a naive comparison finds; 0 with nothing between;
+        None once one of them is no longer held."""
+        one, two = turns(2)
+        others = [rendered(other_agent(i)) for i in range(3)]
+        history = PromptHistory()
+        attribute(history, rendered(one))
+        for other in others:
+            attribute(history, other)
+        a = attribute(history, rendered(two))
+        naive = max(naive_shared_prefix(ids_of(rendered(two)), ids_of(o)) for o in others)
+        assert a.between == 3
+        assert a.between_reach == naive + BOS
+        history = PromptHistory()
+        attribute(history, rendered(one))
+        assert attribute(history, rendered(two)).between_reach == 0
+        # another agent's three turns: its first leaves a window of two prompts
+        their = [other_agent(0)]
+        for reply, follow in (("Hola mundo.", "And text 1?"), ("Hallo Welt.", "And text 2?")):
+            their.append(chat(*their[-1]["messages"], assistant(reply), user(follow)))
+        history = PromptHistory(size=2)
+        attribute(history, rendered(one))
+        for body in their:
+            attribute(history, rendered(body))
+        a = attribute(history, rendered(two))
+        assert (a.matched, a.between, a.between_reach) == (1, 3, None)
+
     @pytest.mark.parametrize(("size", "others"), [(2, 1), (2, 2), (4, 3), (4, 4)])
     def test_window_keeps_size_prompts_and_each_conversations_last(
         self, size: int, others: int

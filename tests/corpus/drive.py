@@ -28,7 +28,7 @@ __all__ = [
     "reordered_tools",
     "robot_commands",
     "trimmed_history",
-    "two_agents_one_slot",
+    "two_agents_interleaved",
 ]
 
 ROBOT = "Kitchen robot."
@@ -106,7 +106,7 @@ def robot_commands(proxy: str, direct: str) -> None:
         ).ask()
 
 
-def two_agents_one_slot(proxy: str, direct: str) -> None:
+def two_agents_interleaved(proxy: str, direct: str) -> None:
     """Two tool agents with their own system prompts and tools, alternating: A1 B1 A2 B2
     A3, streamed."""
     a = OpenAIAgent(

@@ -12,6 +12,7 @@ llama-server's own renderings and counts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tests.corpus.common import Expect, Scenario, one_conversation
@@ -141,25 +142,43 @@ def _evicted(agent: str, other: str, matched: int, turn: int) -> Expect:
     )
 
 
-def two_agents_one_slot(requests: Requests) -> Scenario:
+def _own_slot(agent: str, other: str, matched: int, turn: int) -> Expect:
+    return Expect(
+        "extends",
+        f"{agent}'s next turn extends its previous prompt; {other} ran in between, on the "
+        f"other slot: llama-server kept more of {agent}'s own prompt than {other}'s shares "
+        "with it, so nothing was evicted. Gemma 3's sliding window resumes the cache only "
+        "from a context checkpoint, before the previous answer: sliding_window.",
+        matched=matched,
+        prefill_cause="sliding_window",
+        conversation=agent,
+        turn=turn,
+    )
+
+
+def _a1_b1_a2_b2_a3(later: Callable[[str, str, int, int], Expect]) -> list[Expect | None]:
+    """The two agents' first prompts, then ``later`` for each next turn."""
     cold_b = (
         "Agent B's system prompt differs from A's from its first word and its tools are "
         "others: nothing of A1 recurs in B1 but the template's own text (role markers, the "
         "tools preamble): another agent, a new conversation."
     )
+    return [
+        Expect("cold", "A's first prompt.", conversation="A", turn=1),
+        Expect("cold", cold_b, conversation="B", turn=1),
+        later("A", "B1", 0, 2),
+        later("B", "A2", 1, 2),
+        later("A", "B2", 2, 3),
+    ]
+
+
+def two_agents_interleaved(requests: Requests) -> Scenario:
     return Scenario(
-        what="Two tool agents with their own system prompts and tools, interleaved on a "
-        "one-slot server without RAM cache: A1 B1 A2 B2 A3 (streamed).",
+        what="Two tool agents with their own system prompts and tools, interleaved: A1 B1 "
+        "A2 B2 A3 (streamed), on a one-slot server without RAM cache, and on a two-slot "
+        "sliding-window one.",
         client="openai: chat.completions.stream (two agents)",
-        replays={
-            "full": [
-                Expect("cold", "A's first prompt.", conversation="A", turn=1),
-                Expect("cold", cold_b, conversation="B", turn=1),
-                _evicted("A", "B1", 0, 2),
-                _evicted("B", "A2", 1, 2),
-                _evicted("A", "B2", 2, 3),
-            ]
-        },
+        replays={"full": _a1_b1_a2_b2_a3(_evicted), "swa2": _a1_b1_a2_b2_a3(_own_slot)},
     )
 
 
@@ -367,7 +386,7 @@ EXPECTATIONS = {
     "anthropic_tool_loop": anthropic_tool_loop,
     "chat_then_tools": chat_then_tools,
     "robot_commands": robot_commands,
-    "two_agents_one_slot": two_agents_one_slot,
+    "two_agents_interleaved": two_agents_interleaved,
     "clock_in_system_prompt": clock_in_system_prompt,
     "reordered_tools": reordered_tools,
     "trimmed_history": trimmed_history,

@@ -3,7 +3,7 @@
 Run by hand (CI only replays the files, in ``tests/real/test_corpus_real.py``):
 
     python -m tests.corpus.record                      # every scenario
-    python -m tests.corpus.record two_agents_one_slot  # some
+    python -m tests.corpus.record two_agents_interleaved  # some
     python -m tests.corpus.record --expect-only        # new expectations, same requests
 
 Each scenario's real clients (``tests/corpus/drive.py``: the OpenAI SDK, the Agents SDK,

@@ -5,8 +5,9 @@ The corpus (``tests/corpus/*.json``, recorded by ``python -m tests.corpus.record
 requests real clients sent (the OpenAI SDK, the OpenAI Agents SDK on both its models,
 LangChain, the Anthropic SDK) in scenarios of agent traffic, each with what the proxy must
 conclude of each request and why. Each scenario is replayed, byte-identical bodies in order,
-through a fresh proxy in front of a one-slot llama-server whose slot was just erased: ``full``
-(``--swa-full --cache-ram 0``) or ``swa`` (``--cache-ram 0``, Gemma 3's sliding window).
+through a fresh proxy in front of a llama-server whose slots were just erased: ``full`` (one
+slot, ``--swa-full --cache-ram 0``), ``swa`` (one slot, ``--cache-ram 0``, Gemma 3's sliding
+window) or ``swa2`` (the same with two slots).
 
 Per request the record must hold the expected ``prefix_kind``, ``prefill_cause``,
 ``cache_lost_cause``, ``diverged_section``, ``attribution_error``, ``conversation`` (the
@@ -53,6 +54,7 @@ CORPUS = Path(__file__).parents[1] / "corpus"
 SERVER_ARGS = {
     "full": ("-t", "1", "--swa-full", "--cache-ram", "0"),
     "swa": ("-t", "1", "--cache-ram", "0"),
+    "swa2": ("-t", "1", "--cache-ram", "0", "-np", "2"),
 }
 TOLERANCE = 2
 """Lost tokens may differ from the truth by this much (a boundary token either side)."""
@@ -82,7 +84,7 @@ class Servers:
         self._started: dict[str, LlamaServer] = {}
 
     def get(self, kind: str) -> LlamaServer:
-        """The ``kind`` server with an empty slot."""
+        """The ``kind`` server with its slots empty."""
         if kind not in self._started:
             slots = self._folder / f"{kind}-slots"
             slots.mkdir(parents=True, exist_ok=True)
@@ -95,11 +97,13 @@ class Servers:
                 )
             )
         server = self._started[kind]
-        request = urllib.request.Request(
-            server.url + "/slots/0?action=erase", data=b"", method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            assert json.loads(response.read())["id_slot"] == 0
+        args = SERVER_ARGS[kind]
+        for slot in range(int(args[args.index("-np") + 1]) if "-np" in args else 1):
+            request = urllib.request.Request(
+                f"{server.url}/slots/{slot}?action=erase", data=b"", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert json.loads(response.read())["id_slot"] == slot
         return server
 
     def close(self) -> None:
@@ -113,7 +117,7 @@ def servers(
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[Servers]:
-    """The one-slot servers the corpus is replayed on, started on demand."""
+    """The servers the corpus is replayed on, started on demand."""
     started = Servers(llama_artifacts, tmp_path_factory.mktemp("corpus"), request.config)
     try:
         yield started

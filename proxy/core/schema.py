@@ -27,9 +27,12 @@ from typing import Any
 
 import orjson
 
+from proxy.core.partials import AttributionFields
+
 __all__ = [
     "SchemaCost",
     "SchemaLayout",
+    "context_held",
     "differing_region",
     "digest",
     "layout_bodies",
@@ -237,3 +240,25 @@ def schema_cost(
         prefill_ms=prefill,
         saved_ms=saved,
     )
+
+
+def context_held(attribution: AttributionFields | None, layout: SchemaLayout | None) -> bool | None:
+    """Whether an earlier prompt held this schema where this one has it, so that a prefix
+    cache could have served it: one sharing everything up to the schema's end (a retry, the
+    next turn, a new question after the same system prompt and tools), or the agent's own
+    earlier prompt changed before the schema (a clock in the system prompt). Not a prompt
+    whose match is another agent's (``cold``), nor one that differs from its match inside
+    the tools (that prompt held other tools). None when the prompt was not attributed, or
+    when its match may not be its predecessor and the schema's place is unknown."""
+    if attribution is None or attribution.prefix_kind is None:
+        return None
+    if attribution.prefix_kind == "cold":
+        return False
+    reusable = attribution.reusable_tokens
+    if layout is not None and reusable is not None and reusable >= layout.end:
+        return True
+    if attribution.attribution_error == "predecessor_unknown":
+        return None if layout is None else False
+    if attribution.prefix_kind in ("rewrite", "compaction"):
+        return not (attribution.diverged_section or "").startswith("tools[")
+    return layout is None  # a retry, the next turn or a branch shares all before its last turn

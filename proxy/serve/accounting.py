@@ -200,8 +200,8 @@ class Accounting:
         and the reason in ``accounting_error`` on failure). Waits at most the look-up
         timeout per round; the agent's response is already done."""
         errors: list[str] = []
-        schema = await self._schema(record, pending, errors)
         attribution = await self._attribution(record, pending)
+        schema = await self._schema(record, pending, errors, attribution)
         images = None
         if pending.images is not None:
             images, error = await self._images.fields(record, pending.images, pending.image_count)
@@ -214,9 +214,14 @@ class Accounting:
         return assemble(record, schema, attribution, images, outputs, accounting_note(errors))
 
     async def _schema(
-        self, record: Record, pending: Pending, errors: list[str]
+        self,
+        record: Record,
+        pending: Pending,
+        errors: list[str],
+        attribution: AttributionFields | None,
     ) -> SchemaFields | None:
-        """The schema's fields, priced for ``record`` (its failure into ``errors``)."""
+        """The schema's fields, priced for ``record`` (its failure into ``errors``), with
+        the prompt's ``attribution`` saying whether an earlier prompt held it in place."""
         if pending.schema is None:
             return None
         # three look-up rounds in a row, each bounded by the session's timeout
@@ -225,7 +230,7 @@ class Accounting:
             errors.append(f"schema: {error}")
             return None
         model = await self._lookups.model_key(pending.facts.model)
-        return self._schemas.price(record, info, model, self.reference_ms_per_token)
+        return self._schemas.price(record, info, model, self.reference_ms_per_token, attribution)
 
     async def _attribution(self, record: Record, pending: Pending) -> AttributionFields | None:
         """The prefix fields, from the prompt's rendering once it is done."""

@@ -26,11 +26,12 @@ from proxy.core.bounded import Bounded
 from proxy.core.dialects import CHAT_COMPLETIONS, Dialect
 from proxy.core.dialects.base import ImagePart
 from proxy.core.images import without_images
-from proxy.core.partials import SchemaFields
+from proxy.core.partials import AttributionFields, SchemaFields
 from proxy.core.record import Kind, Outcome, Record
 from proxy.core.request import RequestFacts
 from proxy.core.schema import (
     SchemaLayout,
+    context_held,
     differing_region,
     for_counting,
     layout_bodies,
@@ -244,11 +245,18 @@ class SchemaCosts:
     # -- pricing ------------------------------------------------------------------------------
 
     def price(
-        self, record: Record, info: SchemaInfo, model: str | None, reference: float | None
+        self,
+        record: Record,
+        info: SchemaInfo,
+        model: str | None,
+        reference: float | None,
+        attribution: AttributionFields | None = None,
     ) -> SchemaFields:
         """The schema fields of ``record``, counted in the totals of ``model``'s schema
         (``model`` None: the upstream serves one model). ``reference`` is the prefill ms per
-        token of a large uncached batch, the price of the tokens the cache saved."""
+        token of a large uncached batch, the price of the tokens the cache saved. A schema
+        seen before is "prefilled again" unless the prompt's ``attribution`` says no earlier
+        prompt held it in this place (:func:`~proxy.core.schema.context_held`)."""
         totals = self.schemas.get((model, info.hash))
         if totals is None:
             totals = SchemaTotals(info.tokens, info.tools, info.source)
@@ -264,7 +272,8 @@ class SchemaCosts:
                 totals.cached += 1 if cost.cached else 0
                 totals.paid_ms += cost.prefill_ms or 0.0
                 totals.saved_ms += cost.saved_ms or 0.0
-                again = seen_before and cost.prefilled_tokens > 0
+                held = context_held(attribution, info.layout) is not False
+                again = seen_before and held and cost.prefilled_tokens > 0
         if again:
             totals.prefilled_again += 1
             self.prefilled_again += 1

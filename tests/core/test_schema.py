@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.partials import AttributionFields
 from proxy.core.schema import (
     SchemaCost,
     SchemaLayout,
+    context_held,
     differing_region,
     for_counting,
     layout_bodies,
@@ -546,3 +548,66 @@ class TestLayoutBodies:
         """With a system message the rendering without tools is the body without them."""
         body = {"messages": [{"role": "system", "content": "Be brief."}], "tools": [READ_FILE]}
         assert layout_bodies(body)[1] == {"messages": body["messages"]}
+
+
+class TestContextHeld:
+    """Whether an earlier prompt held the schema in this prompt's place (positions 10-60)."""
+
+    LAYOUT = SchemaLayout(10, 60)
+
+    @pytest.mark.parametrize(
+        ("fields", "held"),
+        [
+            (AttributionFields(prefix_kind="retry", reusable_tokens=80), True),
+            (AttributionFields(prefix_kind="extends", reusable_tokens=70), True),
+            (AttributionFields(prefix_kind="branch", reusable_tokens=60), True),
+            (AttributionFields(prefix_kind="cold", reusable_tokens=0), False),
+            (
+                AttributionFields(
+                    prefix_kind="rewrite", reusable_tokens=5, diverged_section="messages[0].content"
+                ),
+                True,
+            ),
+            (
+                AttributionFields(
+                    prefix_kind="rewrite", reusable_tokens=30, diverged_section="tools[1]:grip"
+                ),
+                False,
+            ),
+            (
+                AttributionFields(
+                    prefix_kind="branch",
+                    reusable_tokens=30,
+                    diverged_section="tools[1]:grip",
+                    attribution_error="predecessor_unknown",
+                ),
+                False,
+            ),
+            (
+                AttributionFields(
+                    prefix_kind="rewrite",
+                    reusable_tokens=70,
+                    attribution_error="predecessor_unknown",
+                ),
+                True,
+            ),
+            (AttributionFields(attribution_error="Unsupported"), None),
+            (None, None),
+        ],
+    )
+    def test_held_by_the_match(self, fields: AttributionFields | None, held: bool | None) -> None:
+        """A retry, the next turn and a new question on the same prefix held the schema; a
+        prompt of another agent (cold) did not, nor a match that differs inside the tools; the
+        agent's own prompt changed before the schema (a clock) held it; a match that may not be
+        the predecessor held it only if it shared the schema's end; not attributed: unknown."""
+        assert context_held(fields, self.LAYOUT) is held
+
+    def test_without_the_schemas_place(self) -> None:
+        """The schema's place unknown: the kinds that share all before their last turn held it,
+        another agent's did not, a match that may not be the predecessor is unknown."""
+        assert context_held(AttributionFields(prefix_kind="extends", reusable_tokens=5), None)
+        assert context_held(AttributionFields(prefix_kind="cold", reusable_tokens=0), None) is False
+        unknown = AttributionFields(
+            prefix_kind="branch", reusable_tokens=5, attribution_error="predecessor_unknown"
+        )
+        assert context_held(unknown, None) is None

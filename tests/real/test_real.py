@@ -546,6 +546,45 @@ class TestSchemaAccounting:
         own = _post_json(llama_server.url + dialect.count_path, body)["input_tokens"]
         assert _post_json(chat_url, dialect.chat_form(body))["input_tokens"] == own
 
+    def test_another_agents_first_call_with_the_same_tools_is_not_prefilled_again(
+        self, proxy_process: ProxyProcess, llama_server: LlamaServer
+    ) -> None:
+        """Two agents with their own system prompts and the same tools: the second agent's
+        first call pays for the schema after a system prompt no earlier prompt had before it,
+        so no cache could have served it: paid, not "prefilled again". The first agent's next
+        question, sent with ``cache_prompt: false``, pays for a schema its first call held in
+        the same place: prefilled again."""
+        _occupy_slot(llama_server)
+        kwargs: dict[str, Any] = {
+            **TOOL_ARGS,
+            "model": "gemma",
+            "tools": _nonce_tools(str(time.time_ns())),
+            "max_tokens": 4,
+        }
+        client = _sdk(proxy_process.url)
+        ids = []
+        for system, city, cache in (
+            ("Kitchen robot.", "Paris", True),
+            ("Warehouse drone.", "Rome", True),
+            ("Kitchen robot.", "Oslo", False),
+        ):
+            messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"What is the weather in {city} right now?"},
+            ]
+            extra = {**kwargs["extra_body"], "cache_prompt": cache}
+            ids.append(_stream(client, messages=messages, **{**kwargs, "extra_body": extra}))
+        first, other, uncached = (proxy_process.record(r.request_id, within=15) for r in ids)
+        assert first["schema_prefilled_again"] is False
+        assert other["schema_cached"] is False and other["schema_prefill_ms"] > 0
+        assert other["schema_prefilled_again"] is False, other
+        assert uncached["prefix_kind"] == "branch" and uncached["cache_n"] == 0
+        assert uncached["schema_prefilled_again"] is True
+        flagged = {
+            e["id"] for e in proxy_process.events() if e.get("event") == "schema_prefilled_again"
+        }
+        assert uncached["id"] in flagged and other["id"] not in flagged
+
     def test_busted_cache_is_reported(self, proxy_process: ProxyProcess) -> None:
         """The same schema prefilled again (cache_prompt false) is flagged and counted."""
         tools = _nonce_tools(str(time.time_ns()))

@@ -7,10 +7,10 @@ last turn of the earlier one (in a system message, in the tools, in the history,
 compaction) and repeats what the earlier one had after the change; the template left out part
 of the history (earlier reasoning), so the previous answer's tokens cannot be reused; the
 server had the shared prefix and reused less of it, after the previous turn filled the context
-(a context shift), after other prompts ran and kept no more than they share with it (evicted,
-or another slot), or with nothing between or more of its own tokens kept than those prompts
-could leave (a sliding-window model without ``--swa-full``, whose cache resumes only from
-checkpoints).
+(a context shift), nothing at all after prompts of other models (a router reloaded this one),
+after other prompts ran and kept no more than they share with it (evicted, or another slot),
+or with nothing between or more of its own tokens kept than those prompts could leave (a
+sliding-window model without ``--swa-full``, whose cache resumes only from checkpoints).
 A new question on a shared prefix, or a prompt whose predecessor the proxy did not see, has no
 cause of its own.
 """
@@ -53,6 +53,7 @@ class Cause(enum.StrEnum):
     CONTEXT_SHIFT = "context_shift"
     SLOT_EVICTED = "slot_evicted"
     SLIDING_WINDOW = "sliding_window"
+    MODEL_RELOADED = "model_reloaded"
 
 
 FIXES: dict[Cause, str] = {
@@ -77,6 +78,9 @@ FIXES: dict[Cause, str] = {
     Cause.SLOT_EVICTED: "another prompt took the slot between two turns: run llama-server "
     "with one slot per agent (-np N), pin each conversation with id_slot, or tune "
     "--slot-prompt-similarity and --cache-ram",
+    Cause.MODEL_RELOADED: "the router unloaded this model to load another and its prompt "
+    "cache went with it: start llama-server with --models-max at least the number of models "
+    "the agents use, or send one model's requests together",
     Cause.SLIDING_WINDOW: "a sliding-window model (Gemma 2/3, gpt-oss, ...) reuses a changed "
     "prompt only from context checkpoints: start llama-server with --swa-full (more KV "
     "memory), or keep every change after the last user message",
@@ -134,11 +138,15 @@ def cause_of(
 
 
 def _shortfall_cause(a: Attribution) -> Cause:
-    """Why the server reused less of a prefix it had been sent: the slot was taken when
-    other prompts ran in between and the server kept no more than they share with this one;
-    else (nothing in between, or it kept more of this prompt's own tokens than any of them
-    could have left) a sliding-window model that resumes only from a context checkpoint."""
+    """Why the server reused less of a prefix it had been sent: nothing at all after prompts
+    of other models (a router unloaded this one to load theirs, and reloaded it empty); the
+    slot was taken when prompts of this model ran in between and the server kept no more
+    than they share with this one; else (nothing in between, or it kept more of this
+    prompt's own tokens than any of them could have left) a sliding-window model that
+    resumes only from a context checkpoint."""
     kept = a.reusable_tokens - (a.cache_lost_tokens or 0)
+    if a.others_between > 0 and kept == 0:
+        return Cause.MODEL_RELOADED
     if a.between == 0 or (a.between_reach is not None and kept > a.between_reach):
         return Cause.SLIDING_WINDOW
     return Cause.SLOT_EVICTED
@@ -156,6 +164,7 @@ def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | Non
         Cause.CONTEXT_SHIFT,
         Cause.SLOT_EVICTED,
         Cause.SLIDING_WINDOW,
+        Cause.MODEL_RELOADED,
     ):
         return None
     if a.cache_lost_tokens is None or a.cache_lost_tokens < LOST_MIN_TOKENS:
@@ -273,6 +282,7 @@ _SECTIONLESS = frozenset(
         Cause.CONTEXT_SHIFT,
         Cause.SLOT_EVICTED,
         Cause.SLIDING_WINDOW,
+        Cause.MODEL_RELOADED,
         Cause.COMPACTION,
     }
 )

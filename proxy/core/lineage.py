@@ -54,6 +54,8 @@ class Attribution:
     """The sequence number of the earlier prompt matched."""
     between: int = 0
     """Prompts of the same model seen after the match and before this one."""
+    others_between: int = 0
+    """Prompts of other models (a router's) seen after the match and before this one."""
     between_reach: int | None = None
     """The most tokens (BOS counted) this prompt shares with any of those ``between``
     prompts: all a slot they took could still serve it. None when some are no longer held."""
@@ -131,6 +133,7 @@ class PromptHistory:
             if changed and ms_per_token is not None:
                 cost = round((total - diverged_at) * ms_per_token, 3)
         conversation, turn = self._conversation(prompt, best, kind, conversation_id)
+        between = model_seq - 1 - best.model_seq if best is not None else 0
         self._remember(_Seen(prompt, self._seq, model, model_seq, conversation, turn))
         return Attribution(
             prefix_kind=kind,
@@ -143,7 +146,8 @@ class PromptHistory:
             conversation=conversation,
             turn=turn,
             matched=best.seq if best is not None else None,
-            between=model_seq - 1 - best.model_seq if best is not None else 0,
+            between=between,
+            others_between=self._seq - 1 - best.seq - between if best is not None else 0,
             between_reach=_reach(shares, best, model_seq, offset),
             changed=verdict.changed,
             repeated_tokens=verdict.repeated,

@@ -286,6 +286,25 @@ class TestCauseOf:
             agent.send(other_agent(0))
             assert agent.send(two, cache_n=cache_n).cause is expected
 
+    def test_nothing_reused_after_another_models_prompts_is_a_reload(self) -> None:
+        """On a router, a turn after prompts of another model with nothing of its prefix
+        reused: the router unloaded this model for the other and reloaded it empty,
+        model_reloaded. The same turn with its prefix reused is silent, and one that kept
+        part of it lost it otherwise (a checkpoint): sliding_window."""
+        one, two = (rendered(b) for b in turns(2))
+        for cache_n, expected in (
+            (0, Cause.MODEL_RELOADED),
+            (None, None),
+            (30, Cause.SLIDING_WINDOW),
+        ):
+            history = PromptHistory()
+            attribute(history, one, model="a", cache_n=0)
+            attribute(history, rendered(other_agent(0)), model="b", cache_n=0)
+            full = len(two) + BOS - 1
+            a = attribute(history, two, model="a", cache_n=full if cache_n is None else cache_n)
+            assert (a.between, a.others_between) == (0, 1)
+            assert cause_of(a, cache_prompt=True) is expected
+
     def test_cache_lost_with_nothing_between_is_sliding_window(self) -> None:
         """The shared prefix not reused with nothing between the two turns is
         sliding_window; fewer than LOST_MIN_TOKENS lost is the server's margin, no cause;

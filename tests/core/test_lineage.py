@@ -669,7 +669,8 @@ class TestWhatChanged:
 class TestBounds:
     def test_prompts_of_another_model_are_not_matched(self) -> None:
         """Prompts are matched within their model: the same prompt for another model of a
-        router is cold there, and the prompts between are counted per model."""
+        router is cold there, and the prompts between are counted per model, those of the
+        other models apart."""
         one, two = (rendered(b) for b in turns(2))
         history = PromptHistory()
         attribute(history, one, model="a")
@@ -678,6 +679,7 @@ class TestBounds:
         a = attribute(history, two, model="a")
         assert b.prefix_kind is PrefixKind.COLD
         assert (a.prefix_kind, a.matched, a.between) == (PrefixKind.EXTENDS, 1, 0)
+        assert a.others_between == 2
 
     def test_held_prompts_stay_within_the_byte_bound(self) -> None:
         """With a byte bound smaller than the prompts, the oldest go first (a conversation's

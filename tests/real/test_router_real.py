@@ -5,10 +5,11 @@ One GGUF (the provisioned Gemma 3 270M) under two names, ``a.gguf`` and ``b.gguf
 ``model``. ``a`` serves the Qwen3 template, ``b`` the same template with one more sentence in
 its tools header (a preset per model), so the two count the same tools differently and a
 look-up answered by the wrong model shows. Through the proxy: a tool request to ``a``, then
-one to ``b`` (the router unloads ``a`` for it), then the same request to ``b`` again. The
-look-ups must each name their model: every count is the model's own (against the counting
-endpoint asked directly with ``model``), ``b``'s first request is not "prefilled again"
-for a schema only ``a`` had seen, and no look-up fails.
+one to ``b`` (the router unloads ``a`` for it), then the same request to ``b`` again, and
+last the first one to ``a`` again (the router reloads it). The look-ups must each name their
+model: every count is the model's own (against the counting endpoint asked directly with
+``model``), ``b``'s first request is not "prefilled again" for a schema only ``a`` had seen,
+no look-up fails, and ``a``'s reload is the cause of its repeat's prefill.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class Run:
     a: dict[str, Any]
     b: dict[str, Any]
     b_again: dict[str, Any]
+    a_again: dict[str, Any]
+    """The same request to ``a`` once more, after the pages were read: the router unloads
+    ``b`` and loads ``a`` again."""
     answers: dict[str, Any]
     """Each record's id → the answer the client received."""
     schema_tokens: dict[str, int]
@@ -157,6 +161,7 @@ def run(router: Router, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
         b_again, b_again_answer = _ask(proxy, "b")
         stats = json.loads(_get(proxy.admin_url + "/stats"))
         metrics = _get(proxy.metrics_url).decode()
+        a_again, _ = _ask(proxy, "a")
     answers = {a["id"]: a_answer, b["id"]: b_answer, b_again["id"]: b_again_answer}
     schema_tokens = {}
     for model in ("a", "b"):
@@ -175,7 +180,7 @@ def run(router: Router, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
             )
             for text in args
         )
-    yield Run(a, b, b_again, answers, schema_tokens, args_tokens, stats, metrics)
+    yield Run(a, b, b_again, a_again, answers, schema_tokens, args_tokens, stats, metrics)
 
 
 def test_schema_counts_are_each_models_own(run: Run) -> None:
@@ -196,6 +201,18 @@ def test_the_second_models_first_request_is_not_prefilled_again(run: Run) -> Non
     assert run.b["schema_prefill_ms"] is not None and run.b["schema_prefill_ms"] > 0
     assert (run.b_again["schema_cached"], run.b_again["schema_prefill_ms"]) == (True, 0.0)
     assert run.b_again["schema_prefilled_again"] is False
+
+
+def test_a_model_the_router_reloaded_is_named_as_such(run: Run) -> None:
+    """``a``'s request once more, after ``b``'s: the router unloaded ``a`` to load ``b``
+    and loads it again with an empty cache, so nothing of the same prompt is reused. The
+    cause is the reload (``model_reloaded``), not a sliding window nor an eviction, and the
+    schema ``a`` held is prefilled again."""
+    again = run.a_again
+    assert (again["model"], again["prefix_kind"], again["cache_n"]) == ("a", "retry", 0)
+    assert again["prefill_cause"] == "model_reloaded"
+    assert again["prefill_lost_ms"] is not None and again["prefill_lost_ms"] > 0
+    assert again["schema_prefilled_again"] is True
 
 
 def test_every_lookup_is_answered(run: Run) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.core.partials import AttributionFields
+from proxy.core.turns import PrefixKind
 
 __all__ = [
     "SchemaCost",
@@ -252,13 +253,13 @@ def context_held(attribution: AttributionFields | None, layout: SchemaLayout | N
     when its match may not be its predecessor and the schema's place is unknown."""
     if attribution is None or attribution.prefix_kind is None:
         return None
-    if attribution.prefix_kind == "cold":
+    if attribution.prefix_kind == PrefixKind.COLD:
         return False
     reusable = attribution.reusable_tokens
     if layout is not None and reusable is not None and reusable >= layout.end:
         return True
     if attribution.attribution_error == "predecessor_unknown":
         return None if layout is None else False
-    if attribution.prefix_kind in ("rewrite", "compaction"):
+    if attribution.prefix_kind in (PrefixKind.REWRITE, PrefixKind.COMPACTION):
         return not (attribution.diverged_section or "").startswith("tools[")
     return layout is None  # a retry, the next turn or a branch shares all before its last turn

@@ -137,6 +137,10 @@ def cause_of(
     return None
 
 
+_SHORTFALLS = frozenset({Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW, Cause.MODEL_RELOADED})
+"""What :func:`_shortfall_cause` names: the cache's own loss of a prefix it had."""
+
+
 def _shortfall_cause(a: Attribution) -> Cause:
     """Why the server reused less of a prefix it had been sent: nothing at all after prompts
     of other models (a router unloaded this one to load theirs, and reloaded it empty); the
@@ -158,14 +162,7 @@ def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | Non
     sliding-window server loses both the tokens after the change (that cause) and the
     prefix before it (this one). They do not overlap, and their fixes differ."""
     a = attribution
-    if cause in (
-        None,
-        Cause.CACHE_PROMPT_OFF,
-        Cause.CONTEXT_SHIFT,
-        Cause.SLOT_EVICTED,
-        Cause.SLIDING_WINDOW,
-        Cause.MODEL_RELOADED,
-    ):
+    if cause is None or cause in (Cause.CACHE_PROMPT_OFF, Cause.CONTEXT_SHIFT, *_SHORTFALLS):
         return None
     if a.cache_lost_tokens is None or a.cache_lost_tokens < LOST_MIN_TOKENS:
         return None
@@ -280,9 +277,7 @@ _SECTIONLESS = frozenset(
     {
         Cause.CACHE_PROMPT_OFF,
         Cause.CONTEXT_SHIFT,
-        Cause.SLOT_EVICTED,
-        Cause.SLIDING_WINDOW,
-        Cause.MODEL_RELOADED,
         Cause.COMPACTION,
+        *_SHORTFALLS,
     }
 )

@@ -64,7 +64,13 @@ MIN_SHARED = 8
 """The spec's floor: a prompt sharing fewer tokens with every earlier one is cold."""
 RECORD_WAIT_S = 60.0
 REWRITES = ("system_prompt_changed", "tools_changed", "history_rewritten", "compaction")
-SHORTFALLS = ("context_shift", "slot_evicted", "sliding_window", "cache_prompt_off")
+SHORTFALLS = (
+    "context_shift",
+    "slot_evicted",
+    "sliding_window",
+    "model_reloaded",
+    "cache_prompt_off",
+)
 
 
 def _cases() -> list[Any]:

@@ -83,7 +83,7 @@ class StreamTracker:
         self._end_data = dialect.end_data
         self._carries_token = dialect.token.search
         self._interesting = dialect.interesting.search
-        self._reasoning = dialect.reasoning.search if dialect.reasoning is not None else None
+        self._reasoning = dialect.reasoning.match if dialect.reasoning is not None else None
         self._t0 = t0
         self._clock = clock
         self._skip = skip
@@ -188,7 +188,8 @@ class StreamTracker:
         if data == self._end_data:
             self._done = True
             return
-        token = self._carries_token(data) is not None
+        text = self._carries_token(data)
+        token = text is not None
         obj: object = _UNREAD
         if self._events == 1 or self._interesting(data) is not None:
             obj = _json(data)
@@ -199,7 +200,8 @@ class StreamTracker:
             if self._first_token is None:
                 self._first_token = now
             self._last_token = now
-            if self._reasoning is not None and self._reasoning(data) is not None:
+            reasoning = self._reasoning
+            if text is not None and reasoning is not None and reasoning(data, text.start()):
                 self._think(_json(data) if obj is _UNREAD else obj, now)
 
     def _think(self, obj: object, now: float) -> None:

@@ -150,7 +150,7 @@ class TestStream:
 
     def test_reasoning_then_text(self) -> None:
         """thinking_delta and text_delta events are both token events; the final batch's
-        signature_delta and block stops are not."""
+        signature_delta and block stops are not. Only the thinking deltas are reasoning."""
         obs = track(
             [
                 message_start(41, 0)
@@ -166,6 +166,8 @@ class TestStream:
         )
         assert obs.token_events == 3
         assert (obs.first_token_s, obs.last_token_s) == (1.0, 3.0)
+        assert (obs.reasoning_first_s, obs.reasoning_last_s) == (1.0, 2.0)
+        assert obs.reasoning_text == "The user greets."
         assert obs.finish_reason == "stop"
         assert obs.timings == counts(41, 0, 6)
         assert obs.tool_calls == ()

@@ -241,7 +241,8 @@ class TestStream:
 
     def test_reasoning_then_text(self) -> None:
         """Reasoning deltas are token events as text deltas are: the first token is the first
-        reasoning delta, the last the last text delta."""
+        reasoning delta, the last the last text delta; only the reasoning deltas are
+        reasoning."""
         obs = observe(
             [
                 start() + reasoning_item() + thought("Let"),
@@ -252,6 +253,8 @@ class TestStream:
             ]
         )
         assert (obs.token_events, obs.first_token_s, obs.last_token_s) == (4, 1.0, 4.0)
+        assert (obs.reasoning_first_s, obs.reasoning_last_s) == (1.0, 2.0)
+        assert obs.reasoning_text == "Let me see."
         assert obs.finish_reason is None and obs.tool_calls == ()
 
     def test_single_tool_call(self) -> None:

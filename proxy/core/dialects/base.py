@@ -141,8 +141,9 @@ class Dialect:
     """The image parts of a request body, in the order its rendered prompt holds them (None:
     the API carries no images the proxy accounts for)."""
     reasoning: re.Pattern[bytes] | None = None
-    """Matches the raw bytes of an event that carries reasoning (thinking) text, or None: the
-    API has none. Only searched in token events."""
+    """Matches, where :attr:`token` matched, the raw bytes of an event whose text is reasoning
+    (thinking), or None: the API has none. Tried only there: each event carries one kind of
+    text, and the token pattern finds it."""
     reasoning_text: Callable[[dict[str, Any]], str | None] | None = None
     """The reasoning text a parsed event (a delta) or a whole body states, or None."""
     body_call_cut: Callable[[dict[str, Any]], bool] = never

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.core.lineage import Attribution, PromptHistory
+from proxy.core.lineage import Attribution, PromptHistory, Rival
 from proxy.core.prefix import RenderedPrompt
 
 BOS = 1
@@ -256,8 +256,10 @@ def attribute(
     conversation_id: str | None = None,
     offset: int = BOS,
     model: str = "",
+    rivals: Sequence[Rival] = (),
 ) -> Attribution:
-    """``prompt`` attributed by ``history`` as the attributor does, at ``MS_PER_TOKEN``."""
+    """``prompt`` attributed by ``history`` as the attributor does, at ``MS_PER_TOKEN``,
+    with ``rivals`` in flight beside it when its prefill began."""
     return history.attribute(
         prompt,
         offset=offset,
@@ -265,6 +267,7 @@ def attribute(
         ms_per_token=MS_PER_TOKEN,
         conversation_id=conversation_id,
         model=model,
+        rivals=rivals,
     )
 
 

@@ -7,12 +7,15 @@ last turn of the earlier one (in a system message, in the tools, in the history,
 compaction) and repeats what the earlier one had after the change; the template left out part
 of the history (earlier reasoning), so the previous answer's tokens cannot be reused; the
 server had the shared prefix and reused less of it, after the previous turn filled the context
-(a context shift), nothing at all after prompts of other models (a router reloaded this one),
-after other prompts ran and kept no more than they share with it (evicted, or another slot),
-or with nothing between or more of its own tokens kept than those prompts could leave (a
-sliding-window model without ``--swa-full``, whose cache resumes only from checkpoints).
-A new question on a shared prefix, or a prompt whose predecessor the proxy did not see, has no
-cause of its own.
+(a context shift), while a request sharing more of it than was kept held a slot of a server
+with several (the slot holding it was busy: this one got another), nothing at all after
+prompts of other models (a router reloaded this one), after other prompts ran and kept no
+more than they share with it (evicted, or another slot), or with nothing between or more of
+its own tokens kept than those prompts could leave (a sliding-window model without
+``--swa-full``, whose cache resumes only from checkpoints). A new question on a shared
+prefix, or a prompt whose predecessor the proxy did not see, has no cause of its own; nor has
+a shortfall beside such a request while the server's slot count is unknown (parallel slots
+and a queue look alike then).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Cause(enum.StrEnum):
     TEMPLATE_DROPS_HISTORY = "template_drops_history"
     CONTEXT_SHIFT = "context_shift"
     SLOT_EVICTED = "slot_evicted"
+    SLOT_BUSY = "slot_busy"
     SLIDING_WINDOW = "sliding_window"
     MODEL_RELOADED = "model_reloaded"
 
@@ -78,6 +82,10 @@ FIXES: dict[Cause, str] = {
     Cause.SLOT_EVICTED: "another prompt took the slot between two turns: run llama-server "
     "with one slot per agent (-np N), pin each conversation with id_slot, or tune "
     "--slot-prompt-similarity and --cache-ram",
+    Cause.SLOT_BUSY: "requests sharing this prefix ran at once and the slot holding it was "
+    "busy, so llama-server gave this one another slot, which prefilled the prefix: expected "
+    "once per slot; to pay it once, send the first request alone and the rest after it, or "
+    "pin each agent to its slot with id_slot",
     Cause.MODEL_RELOADED: "the router unloaded this model to load another and its prompt "
     "cache went with it: start llama-server with --models-max at least the number of models "
     "the agents use, or send one model's requests together",
@@ -116,9 +124,11 @@ def cause_of(
     cache_prompt: bool,
     missing: tuple[str, ...] = (),
     n_ctx: int | None = None,
+    slots: int | None = None,
 ) -> Cause | None:
     """The cause of one request's paid prefill, or None (nothing the cache held was lost,
-    or nothing to blame: a new question, a predecessor the proxy did not see)."""
+    or nothing to blame: a new question, a predecessor the proxy did not see). ``slots``
+    is the server's slot count (``/props`` ``total_slots``), when known."""
     a = attribution
     if not cache_prompt and a.reusable_tokens > 0:
         return Cause.CACHE_PROMPT_OFF
@@ -133,22 +143,29 @@ def cause_of(
         if n_ctx is not None and (a.previous_extent or 0) >= n_ctx - 1:
             # the previous turn and its answer filled the slot: llama-server shifted it
             return Cause.CONTEXT_SHIFT
-        return _shortfall_cause(a)
+        return _shortfall_cause(a, slots)
     return None
 
 
-_SHORTFALLS = frozenset({Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW, Cause.MODEL_RELOADED})
+_SHORTFALLS = frozenset(
+    {Cause.SLOT_BUSY, Cause.SLOT_EVICTED, Cause.SLIDING_WINDOW, Cause.MODEL_RELOADED}
+)
 """What :func:`_shortfall_cause` names: the cache's own loss of a prefix it had."""
 
 
-def _shortfall_cause(a: Attribution) -> Cause:
-    """Why the server reused less of a prefix it had been sent: nothing at all after prompts
-    of other models (a router unloaded this one to load theirs, and reloaded it empty); the
-    slot was taken when prompts of this model ran in between and the server kept no more
-    than they share with this one; else (nothing in between, or it kept more of this
-    prompt's own tokens than any of them could have left) a sliding-window model that
-    resumes only from a context checkpoint."""
+def _shortfall_cause(a: Attribution, slots: int | None) -> Cause | None:
+    """Why the server reused less of a prefix it had been sent: a request sharing at least
+    :data:`LOST_MIN_TOKENS` more of it than the server kept held a slot when this one's
+    prefill began, on a server of several slots (it took the slot holding the prefix, and
+    this one got another; with the slot count unknown, a queue is as likely: no cause);
+    nothing at all after prompts of other models (a router unloaded this one to
+    load theirs, and reloaded it empty); the slot was taken when prompts of this model ran
+    in between and the server kept no more than they share with this one; else (nothing in
+    between, or it kept more of this prompt's own tokens than any of them could have left)
+    a sliding-window model that resumes only from a context checkpoint."""
     kept = a.reusable_tokens - (a.cache_lost_tokens or 0)
+    if a.rival_reach is not None and a.rival_reach - kept >= LOST_MIN_TOKENS and slots != 1:
+        return Cause.SLOT_BUSY if slots is not None else None
     if a.others_between > 0 and kept == 0:
         return Cause.MODEL_RELOADED
     if a.between == 0 or (a.between_reach is not None and kept > a.between_reach):
@@ -156,7 +173,9 @@ def _shortfall_cause(a: Attribution) -> Cause:
     return Cause.SLOT_EVICTED
 
 
-def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | None:
+def cache_cause_of(
+    attribution: Attribution, cause: Cause | None, slots: int | None = None
+) -> Cause | None:
     """The cause of the reusable prefix the server did not reuse (``cache_lost_tokens``),
     when another cause explains the rest of the prompt: a clock in the system prompt on a
     sliding-window server loses both the tokens after the change (that cause) and the
@@ -166,7 +185,7 @@ def cache_cause_of(attribution: Attribution, cause: Cause | None) -> Cause | Non
         return None
     if a.cache_lost_tokens is None or a.cache_lost_tokens < LOST_MIN_TOKENS:
         return None
-    return _shortfall_cause(a)
+    return _shortfall_cause(a, slots)
 
 
 def dropped_section(missing: tuple[str, ...]) -> str | None:
@@ -182,16 +201,17 @@ def loss_of(
     missing: tuple[str, ...] = (),
     n_ctx: int | None = None,
     prompt_n: int | None = None,
+    slots: int | None = None,
 ) -> Loss:
     """The causes of one request's paid prefill and the tokens each cost: for a changed
     prompt, what the earlier one had after the change that this one repeats; for a template
     that drops history, the previous answer; otherwise the reusable prefix not reused. All
     together never more than llama-server evaluated (``prompt_n``)."""
     a = attribution
-    cause = cause_of(a, cache_prompt=cache_prompt, missing=missing, n_ctx=n_ctx)
+    cause = cause_of(a, cache_prompt=cache_prompt, missing=missing, n_ctx=n_ctx, slots=slots)
     if cause is None:
         return Loss()
-    cache_cause = cache_cause_of(a, cause)
+    cache_cause = cache_cause_of(a, cause, slots)
     budget = prompt_n if prompt_n is not None else 1 << 62
     cache_tokens = min(a.cache_lost_tokens or 0, budget) if cache_cause is not None else None
     tokens = _tokens_of(a, cause)

@@ -18,6 +18,7 @@ change that the new prompt repeats was prefilled again.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.core.prefix import RenderedPrompt, shared_prefix
@@ -28,7 +29,7 @@ from proxy.core.turns import (
     continues,
 )
 
-__all__ = ["Attribution", "PromptHistory"]
+__all__ = ["Attribution", "PromptHistory", "Rival"]
 
 EXPLICIT_IDS = 1024
 """Conversation ids sent by agents that are remembered (the least recent is forgotten)."""
@@ -71,6 +72,19 @@ class Attribution:
     """The matched prompt's generated tokens, when known."""
     previous_extent: int | None = None
     """The matched prompt's tokens plus its answer's: what its slot held after it."""
+    rival_reach: int | None = None
+    """The most tokens (BOS counted) this prompt shares with a request of the same model in
+    flight when its prefill began (it held a slot then); None when none was."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rival:
+    """A request of the same model in flight beside a prompt when its prefill began: it held
+    a slot then, so the prompt could not reuse its prefix."""
+
+    prompt: RenderedPrompt
+    seq: int | None = None
+    """Its sequence number when it was attributed first (None: not yet)."""
 
 
 @dataclass(slots=True)
@@ -110,13 +124,16 @@ class PromptHistory:
         ms_per_token: float | None,
         conversation_id: str | None = None,
         model: str = "",
+        rivals: Sequence[Rival] = (),
     ) -> Attribution:
         """Match ``prompt`` against the history of ``model``, then remember it. ``offset``
         counts the tokens the tokenizer adds before the text (BOS): positions in the record
-        count them, as ``cache_n`` does."""
+        count them, as ``cache_n`` does. ``rivals`` are the requests in flight beside it when
+        its prefill began: never its match (their prefixes were in no idle slot)."""
         self._seq += 1
         model_seq = self._model_seq[model] = self._model_seq.get(model, 0) + 1
-        best, shared, extends, shares = self._best(prompt, model)
+        busy = {r.seq for r in rivals if r.seq is not None}
+        best, shared, extends, shares = self._best(prompt, model, busy)
         verdict = classify(prompt, best.prompt if best else None, shared, extends)
         kind = verdict.kind
         total = len(prompt) + offset
@@ -154,6 +171,10 @@ class PromptHistory:
             predecessor_unknown=unknown,
             previous_answer=best.predicted_n if best is not None else None,
             previous_extent=_extent(best),
+            rival_reach=max(
+                (shared_prefix(prompt.tokens, r.prompt.tokens) + offset for r in rivals),
+                default=None,
+            ),
         )
 
     def answered(self, seq: int, predicted_n: int | None, prompt_tokens: int | None = None) -> None:
@@ -184,10 +205,11 @@ class PromptHistory:
         return self._bytes
 
     def _best(
-        self, prompt: RenderedPrompt, model: str
+        self, prompt: RenderedPrompt, model: str, busy: set[int]
     ) -> tuple[_Seen | None, int, bool, dict[int, int]]:
-        """The best match, the tokens it shares, whether this prompt extends it, and the
-        tokens shared with each held prompt of ``model`` by its ``model_seq``."""
+        """The best match (never one numbered in ``busy``), the tokens it shares, whether this
+        prompt extends it, and the tokens shared with each held prompt of ``model`` by its
+        ``model_seq``."""
         best: _Seen | None = None
         best_key = (-1, -1, -1)
         best_shared = 0
@@ -196,6 +218,8 @@ class PromptHistory:
             if seen.model != model:
                 continue
             shared = shares[seen.model_seq] = shared_prefix(prompt.tokens, seen.prompt.tokens)
+            if seen.seq in busy:
+                continue
             if prompt.tokens == seen.prompt.tokens:
                 rank = 2  # a repeat: its own prompt, before any it extends
             elif shared >= seen.prompt.generation_start() and len(prompt) > shared:

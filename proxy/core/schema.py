@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.findings import Cause
 from proxy.core.partials import AttributionFields
 from proxy.core.turns import PrefixKind
 
@@ -249,11 +250,13 @@ def context_held(attribution: AttributionFields | None, layout: SchemaLayout | N
     next turn, a new question after the same system prompt and tools), or the agent's own
     earlier prompt changed before the schema (a clock in the system prompt). Not a prompt
     whose match is another agent's (``cold``), nor one that differs from its match inside
-    the tools (that prompt held other tools). None when the prompt was not attributed, or
-    when its match may not be its predecessor and the schema's place is unknown."""
+    the tools (that prompt held other tools), nor one given another slot because the slot
+    holding it was busy (``slot_busy``: that slot never held it). None when the prompt was
+    not attributed, or when its match may not be its predecessor and the schema's place is
+    unknown."""
     if attribution is None or attribution.prefix_kind is None:
         return None
-    if attribution.prefix_kind == PrefixKind.COLD:
+    if attribution.prefix_kind == PrefixKind.COLD or attribution.prefill_cause == Cause.SLOT_BUSY:
         return False
     reusable = attribution.reusable_tokens
     if layout is not None and reusable is not None and reusable >= layout.end:

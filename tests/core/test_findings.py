@@ -31,7 +31,7 @@ from proxy.core.findings import (
     dropped_section,
     loss_of,
 )
-from proxy.core.lineage import Attribution, PromptHistory
+from proxy.core.lineage import Attribution, PromptHistory, Rival
 from proxy.core.prefix import RenderedPrompt, shared_prefix
 from proxy.core.turns import Changed, PrefixKind
 from tests.qwen3_toy import (
@@ -407,6 +407,132 @@ class TestLostTokens:
         assert loss.cache_cause is Cause.SLIDING_WINDOW
         assert loss.total <= prompt_n
         assert loss.total == min(prompt_n, 350 + LOST_MIN_TOKENS + 30)
+
+
+SIMILARITY = 0.10
+"""llama-server's ``--slot-prompt-similarity``: below it, a request takes the least recently
+used idle slot instead of the one sharing the most with it."""
+
+
+@dataclass
+class Slots:
+    """A simulated llama-server of ``count`` slots with a full cache, and the proxy's history
+    beside it. The requests of a burst run at once: each, in the order sent, takes the idle
+    slot sharing the most with its prompt (when that is at least :data:`SIMILARITY` of it;
+    else the least recently used), and reuses what it shares; they are attributed in
+    ``order`` with the others of the burst beside them, as the attributor does."""
+
+    count: int
+    history: PromptHistory = field(default_factory=PromptHistory)
+    findings: Findings = field(default_factory=Findings)
+    held: list[bytes] = field(default_factory=list)
+    used: list[int] = field(default_factory=list)
+
+    def burst(self, *bodies: dict[str, Any], order: tuple[int, ...] = ()) -> list[Sent]:
+        assert len(bodies) <= self.count
+        if not self.held:
+            self.held, self.used = [b""] * self.count, list(range(self.count))
+        prompts = [rendered(b) for b in bodies]
+        idle, cache = list(range(self.count)), []
+        for prompt in prompts:
+            best = max(idle, key=lambda s: shared_prefix(prompt.tokens, self.held[s]))
+            near = shared_prefix(prompt.tokens, self.held[best]) >= SIMILARITY * len(prompt)
+            slot = best if near else min(idle, key=lambda s: self.used[s])
+            idle.remove(slot)
+            reused = shared_prefix(prompt.tokens, self.held[slot])
+            cache.append(min(reused + BOS, len(prompt) + BOS - 1) if reused else 0)
+            self.held[slot], self.used[slot] = prompt.tokens, max(self.used) + 1
+        sent: dict[int, Sent] = {}
+        seqs: dict[int, int] = {}
+        for i in order or range(len(prompts)):
+            beside = [Rival(p, seqs.get(j)) for j, p in enumerate(prompts) if j != i]
+            a = attribute(self.history, prompts[i], cache_n=cache[i], rivals=beside)
+            seqs[i] = self.history.last_seq
+            prompt_n = len(prompts[i]) + BOS - cache[i]
+            loss = loss_of(a, cache_prompt=True, prompt_n=prompt_n, slots=self.count)
+            if loss.cause is not None:
+                self.findings.add(loss.cause, a.diverged_section, loss.tokens, None)
+            sent[i] = Sent(prompts[i], a, loss, prompt_n)
+        return [sent[i] for i in range(len(prompts))]
+
+
+def _one_shot(command: str) -> dict[str, Any]:
+    return chat(system("You control a robot arm."), user(command), tools=TOOLS)
+
+
+class TestSlotBusy:
+    @pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+    def test_a_burst_after_a_warm_up_names_the_busy_slot(self, order: tuple[int, int]) -> None:
+        """After a warm-up, two questions at once on two slots: the first sent takes the
+        slot holding the prefix, the other the empty one and prefills it: slot_busy, its
+        lost tokens what it could have reused, whichever is attributed first; the first is
+        silent. The next burst finds the prefix on both slots: silent."""
+        server = Slots(2)
+        server.burst(_one_shot(COMMANDS[0]))
+        warm, cold = server.burst(_one_shot(COMMANDS[1]), _one_shot(COMMANDS[2]), order=order)
+        assert warm.loss == Loss()
+        assert cold.cause is Cause.SLOT_BUSY
+        assert cold.prompt_n == cold.prompt_tokens  # nothing reused
+        assert cold.loss.tokens == cold.attribution.reusable_tokens > 0
+        assert [f.cause for f in server.findings.ranked()] == [Cause.SLOT_BUSY]
+        for again in server.burst(_one_shot(COMMANDS[3]), _one_shot(COMMANDS[0]), order=order):
+            assert again.loss == Loss()
+        assert server.findings.ranked()[0].requests == 1
+
+    @pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+    def test_a_first_burst_is_silent(self, order: tuple[int, int]) -> None:
+        """Two questions at once with nothing cached before: each prefills the prefix, as
+        it must (the other's was running, in no idle slot): no cause, no finding."""
+        server = Slots(2)
+        for sent in server.burst(_one_shot(COMMANDS[0]), _one_shot(COMMANDS[1]), order=order):
+            assert sent.attribution.prefix_kind is PrefixKind.COLD
+            assert sent.loss == Loss()
+        assert server.findings.ranked() == []
+
+    def test_the_same_traffic_on_one_slot_is_silent(self) -> None:
+        """On one slot the same requests run one after another (nobody beside anybody), and
+        each finds the prefix the one before left: silent."""
+        server = Slots(1)
+        for command in COMMANDS:
+            (sent,) = server.burst(_one_shot(command))
+            assert sent.loss == Loss()
+        assert server.findings.ranked() == []
+
+    def test_agents_continuing_side_by_side_on_their_own_slots_are_silent(self) -> None:
+        """Two agents of their own system prompts, their first turns one after the other,
+        then every next turn of both at once: each finds its conversation on its own slot,
+        whichever is attributed first: silent."""
+        robot = turns(4)
+        other = [chat(system("Summarise each text below in one line. " * 4), user("Text 1."))]
+        for n in (2, 3, 4):
+            other.append(chat(*other[-1]["messages"], assistant("Done."), user(f"Text {n}.")))
+        server = Slots(2)
+        server.burst(robot[0])
+        server.burst(other[0])
+        for i in range(1, 4):
+            for sent in server.burst(robot[i], other[i], order=(i % 2, 1 - i % 2)):
+                assert sent.attribution.prefix_kind is PrefixKind.EXTENDS
+                assert sent.loss == Loss()
+        assert server.findings.ranked() == []
+
+    def test_what_the_slot_count_and_the_rival_say(self) -> None:
+        """A shortfall beside a request sharing at least LOST_MIN_TOKENS more than was kept:
+        slot_busy on two slots; on one slot the requests queued, so the rules without it
+        (nothing between: sliding_window); the slot count unknown: no cause. A rival sharing
+        less than that with it leaves the other rules."""
+        kept = 40
+        a = dataclasses.replace(
+            _lost(60), prefix_kind=PrefixKind.BRANCH, rival_reach=kept + LOST_MIN_TOKENS
+        )
+        assert cause_of(a, cache_prompt=True, slots=2) is Cause.SLOT_BUSY
+        assert cause_of(a, cache_prompt=True, slots=1) is Cause.SLIDING_WINDOW
+        assert cause_of(a, cache_prompt=True, slots=None) is None
+        near = dataclasses.replace(a, rival_reach=kept + LOST_MIN_TOKENS - 1)
+        assert cause_of(near, cache_prompt=True, slots=2) is Cause.SLIDING_WINDOW
+        alone = dataclasses.replace(a, rival_reach=None)
+        assert cause_of(alone, cache_prompt=True, slots=None) is Cause.SLIDING_WINDOW
+        changed = dataclasses.replace(a, changed=Changed.SYSTEM, repeated_tokens=30)
+        assert cache_cause_of(changed, Cause.SYSTEM_PROMPT_CHANGED, 2) is Cause.SLOT_BUSY
 
 
 # --- findings ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 
-from proxy.core.lineage import PromptHistory
+from proxy.core.lineage import PromptHistory, Rival
 from proxy.core.prefix import RenderedPrompt
 from proxy.core.turns import MIN_SHARED, Changed, PrefixKind
 from tests.corpus.truth import naive_repeated as truth_repeated
@@ -355,6 +355,43 @@ class TestPromptHistory:
             attribute(history, rendered(body))
         a = attribute(history, rendered(two))
         assert (a.matched, a.between, a.between_reach) == (1, 3, None)
+
+    def test_a_prompt_in_flight_beside_it_is_never_the_match(self) -> None:
+        """Two questions on the same prefix sent at once, with nothing before them: the one
+        attributed second does not branch from the first (it was running, its prefix in no
+        idle slot): it is cold, loses nothing, and its ``rival_reach`` is what the two share
+        (BOS counted), as a naive comparison finds. Sent one after the other, it branches."""
+        one, two = (
+            rendered(chat(system(), user(q), tools=TOOLS)) for q in ("Wave.", "Go to the dock.")
+        )
+        history = PromptHistory()
+        attribute(history, one, cache_n=0)
+        a = attribute(history, two, cache_n=0, rivals=[Rival(one, history.last_seq)])
+        assert (a.prefix_kind, a.reusable_tokens, a.cache_lost_tokens) == (PrefixKind.COLD, 0, 0)
+        assert a.rival_reach == naive_shared_prefix(ids_of(one), ids_of(two)) + BOS
+        history = PromptHistory()
+        attribute(history, one, cache_n=0)
+        a = attribute(history, two, cache_n=0)
+        assert (a.prefix_kind, a.rival_reach) == (PrefixKind.BRANCH, None)
+
+    def test_an_earlier_prompt_is_still_the_match_beside_a_rival(self) -> None:
+        """A warm-up ended before two questions were sent at once: the second attributed
+        matches the warm-up, not the first, whether the first was attributed before it or
+        not yet."""
+        warm, one, two = (
+            rendered(chat(system(), user(q), tools=TOOLS)) for q in ("Hi.", "Wave.", "Dock.")
+        )
+        for attributed_first in (True, False):
+            history = PromptHistory()
+            attribute(history, warm, cache_n=0)
+            seq = None
+            if attributed_first:
+                attribute(history, one)
+                seq = history.last_seq
+            a = attribute(history, two, cache_n=0, rivals=[Rival(one, seq)])
+            assert (a.prefix_kind, a.matched) == (PrefixKind.BRANCH, 1)
+            assert a.reusable_tokens == naive_shared_prefix(ids_of(warm), ids_of(two)) + BOS
+            assert a.cache_lost_tokens == a.reusable_tokens
 
     @pytest.mark.parametrize(("size", "others"), [(2, 1), (2, 2), (4, 3), (4, 4)])
     def test_window_keeps_size_prompts_and_each_conversations_last(

@@ -602,6 +602,18 @@ class TestContextHeld:
         the predecessor held it only if it shared the schema's end; not attributed: unknown."""
         assert context_held(fields, self.LAYOUT) is held
 
+    def test_a_busy_slot_never_held_it(self) -> None:
+        """A new question on the same prefix given another slot because the one holding it
+        was busy (``slot_busy``): that slot never held the schema; the same question with
+        no cause did."""
+        busy = AttributionFields(
+            prefix_kind="branch", reusable_tokens=70, prefill_cause="slot_busy"
+        )
+        assert context_held(busy, self.LAYOUT) is False
+        assert context_held(busy, None) is False
+        held = AttributionFields(prefix_kind="branch", reusable_tokens=70)
+        assert context_held(held, self.LAYOUT) is True
+
     def test_without_the_schemas_place(self) -> None:
         """The schema's place unknown: the kinds that share all before their last turn held it,
         another agent's did not, a match that may not be the predecessor is unknown."""

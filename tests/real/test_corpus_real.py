@@ -67,6 +67,7 @@ REWRITES = ("system_prompt_changed", "tools_changed", "history_rewritten", "comp
 SHORTFALLS = (
     "context_shift",
     "slot_evicted",
+    "slot_busy",
     "sliding_window",
     "model_reloaded",
     "cache_prompt_off",

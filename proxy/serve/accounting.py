@@ -71,6 +71,8 @@ class Pending:
     """The conversation id the agent sent in the configured header."""
     images: asyncio.Task[ImageInfo] | None = None
     image_count: int = 0
+    ticket: int | None = None
+    """The request's place among those in flight (:class:`~proxy.serve.rivals.Rivals`)."""
 
 
 def accounting_note(errors: list[str]) -> AccountingNote | None:
@@ -98,6 +100,7 @@ class Accounting:
         raw_conversation_ids: bool = False,
         conversation_header: str = "",
         context_size: Callable[[str | None], int | None] = lambda _: None,
+        slots: Callable[[str | None], int | None] = lambda _: None,
     ) -> None:
         self._timeout = timeout_s
         self._lookups = Lookups(upstream, timeout_s=timeout_s, api_key=api_key)
@@ -119,6 +122,7 @@ class Accounting:
                 raw_conversation_ids=raw_conversation_ids,
                 on_event=on_event,
                 context_size=context_size,
+                slots=slots,
                 routed=self._lookups.routed,
                 max_bytes=attribution_bytes,
             )
@@ -158,12 +162,16 @@ class Accounting:
         await self._lookups.close()
 
     def begin(
-        self, facts: RequestFacts, headers: Mapping[str, str] | None = None
+        self,
+        facts: RequestFacts,
+        headers: Mapping[str, str] | None = None,
+        sent: float | None = None,
     ) -> Pending | None:
         """Start the look-ups of one request: its schema's (a tool request of an API that
         llama-server can count), its images' and its prompt's rendering (a chat or tool
         request, with attribution on); ``None`` when there is none to make. Never blocks.
-        ``headers`` are the request's, for the conversation id an agent may send."""
+        ``headers`` are the request's, for the conversation id an agent may send; ``sent``
+        when it was sent, on the clock :meth:`complete`'s ``ended`` is on."""
         if facts.body is None or not self._lookups.started:
             return None
         parts = image_parts_of(facts)
@@ -176,6 +184,11 @@ class Accounting:
         conversation = None
         if headers is not None and self._conversation_header:
             conversation = headers.get(self._conversation_header) or None
+        ticket = None
+        if prompt is not None and sent is not None and self.attributor is not None:
+            ticket = self.attributor.rivals.opened(
+                self.attributor.cache_key(facts.model), prompt, sent
+            )
         return Pending(
             facts=facts,
             schema=schema,
@@ -183,6 +196,7 @@ class Accounting:
             conversation=conversation,
             images=images,
             image_count=len(parts),
+            ticket=ticket,
         )
 
     def learn_rate(self, record: Record, *_: object) -> None:
@@ -195,12 +209,25 @@ class Accounting:
         ):
             self.reference_ms_per_token = record.prefill_ms / record.prompt_n
 
-    async def complete(self, record: Record, pending: Pending, obs: Observation | None) -> Record:
+    async def complete(
+        self,
+        record: Record,
+        pending: Pending,
+        obs: Observation | None,
+        ended: float | None = None,
+    ) -> Record:
         """The record with the schema, prefix, image and tool-call fields filled in (``null``
         and the reason in ``accounting_error`` on failure). Waits at most the look-up
-        timeout per round; the agent's response is already done."""
+        timeout per round; the agent's response is already done (at ``ended``)."""
         errors: list[str] = []
-        attribution = await self._attribution(record, pending)
+        attributor, ticket = self.attributor, pending.ticket
+        if attributor is not None and ticket is not None and ended is not None:
+            attributor.rivals.ended(ticket, ended)
+        try:
+            attribution = await self._attribution(record, pending)
+        finally:
+            if attributor is not None and ticket is not None:
+                attributor.rivals.settle(ticket)
         schema = await self._schema(record, pending, errors, attribution)
         images = None
         if pending.images is not None:
@@ -240,7 +267,9 @@ class Accounting:
         if prompt is None:
             return AttributionFields(attribution_error=error)
         rate = self.reference_ms_per_token
-        return self.attributor.attribute(record, pending.facts, prompt, rate, pending.conversation)
+        return self.attributor.attribute(
+            record, pending.facts, prompt, rate, pending.conversation, pending.ticket
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """The ``/stats`` ``schemas`` section (see :meth:`SchemaCosts.snapshot`)."""

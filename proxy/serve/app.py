@@ -170,10 +170,11 @@ def _relay_settings(config: Config) -> RelaySettings:
 
 
 async def _start_accounting(
-    config: Config, sinks: list[RecordSink], model_info: ModelInfo
+    config: Config, sinks: list[RecordSink], model_info: ModelInfo, setup: SetupWatch
 ) -> Accounting | None:
     """The tool-schema accounting when it is on (its rate learning the first sink); the
-    served model's context size, once known, tells a context shift."""
+    served model's context size, once known, tells a context shift, and its slot count a
+    busy slot."""
     if not config.accounting.enabled:
         return None
     accounting = Accounting(
@@ -190,6 +191,7 @@ async def _start_accounting(
         raw_conversation_ids=config.privacy.raw_conversation_ids,
         conversation_header=config.accounting.conversation_header,
         context_size=lambda model: meta.n_ctx if (meta := model_info.meta_of(model)) else None,
+        slots=setup.slots_of,
     )
     await accounting.start()
     sinks.insert(0, accounting.learn_rate)
@@ -206,7 +208,9 @@ def _upstream_context(
         config = app[CONFIG]
         session = app[SESSION] = upstream_session(config)
         stream_session = app[STREAM_SESSION] = upstream_session(config, pooled=False)
-        accounting = app[ACCOUNTING] = await _start_accounting(config, app[SINKS], app[MODEL_INFO])
+        accounting = app[ACCOUNTING] = await _start_accounting(
+            config, app[SINKS], app[MODEL_INFO], app[SETUP]
+        )
         telemetry = app[TELEMETRY] = telemetry_for(
             config, config.upstream.url, clock=clock, on_event=get_logger().warning
         )

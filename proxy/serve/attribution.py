@@ -29,6 +29,7 @@ from proxy.core.prefix import RenderedPrompt
 from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
 from proxy.core.schema import digest, for_counting
+from proxy.serve.rivals import Rivals
 from proxy.serve.tasks import spawn
 
 __all__ = ["Attributor", "chat_body_of", "conversation_id_of"]
@@ -138,6 +139,7 @@ class Attributor:
         routed: Callable[[], bool] = lambda: False,
         max_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
+        slots: Callable[[str | None], int | None] = lambda _: None,
     ) -> None:
         self._post = post
         self._clock = clock
@@ -160,7 +162,10 @@ class Attributor:
         self.conversations: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._on_event = on_event or (lambda *a, **k: None)
         self._context_size = context_size
+        self._slots_of = slots
         self._routed = routed
+        self.rivals = Rivals()
+        """Who held a slot beside whom when its prefill began."""
 
     def _model_key(self, facts: RequestFacts) -> str:
         """Whose cache a prompt goes to: the request's model when the upstream routes by it
@@ -272,9 +277,11 @@ class Attributor:
         prompt: RenderedPrompt,
         ms_per_token: float | None,
         conversation: str | None = None,
+        ticket: int | None = None,
     ) -> AttributionFields:
         """The record's prefix fields for its rendered ``prompt``; counts the finding.
-        ``conversation`` is the id the agent sent in a header, if any (before the body's)."""
+        ``conversation`` is the id the agent sent in a header, if any (before the body's);
+        ``ticket`` is the request's among :attr:`rivals`."""
         offset = self._offsets.get(_named(facts.model), 0)
         if ms_per_token is None and record.prefill_ms is not None and record.prompt_n:
             # no reference rate yet: this request's own
@@ -290,7 +297,9 @@ class Attributor:
             ms_per_token=ms_per_token,
             conversation_id=conversation or conversation_id_of(facts.body, self._id_key),
             model=self._model_key(facts),
+            rivals=self.rivals.beside(ticket, record),
         )
+        self.rivals.attributed(ticket, self.history.last_seq)
         self.history.answered(self.history.last_seq, record.predicted_n, record.prompt_tokens)
         loss = loss_of(
             a,
@@ -298,6 +307,7 @@ class Attributor:
             missing=prompt.missing,
             n_ctx=self._context_size(facts.model),
             prompt_n=record.prompt_n,
+            slots=self._slots_of(facts.model),
         )
         priced = self._count_loss(record, a, loss, prompt, ms_per_token)
         self._count_conversation(a.conversation, a.turn, record, priced.total_ms)

@@ -73,7 +73,7 @@ class Handoff:
         if self._accounting is None:
             return
         try:
-            flight.beside.pending = self._accounting.begin(facts, flight.request.headers)
+            flight.beside.pending = self._accounting.begin(facts, flight.request.headers, flight.t0)
         except Exception as exc:  # accounting must never stop a request
             flight.beside.accounting_error = f"begin: {type(exc).__name__}"
 
@@ -171,7 +171,7 @@ class Handoff:
         )
         if pending is not None and self._accounting is not None:
             try:
-                record = await self._accounting.complete(record, pending, obs)
+                record = await self._accounting.complete(record, pending, obs, window[1])
             except Exception as exc:  # the record is still written, with the reason
                 record = record.replace(accounting_error=type(exc).__name__)
         if sampled is not None:

@@ -260,6 +260,8 @@ class AiperfRequest:
     output_tokens: int | None
     error: str | None
     """The error's type (``ServerDisconnectedError``…), ``None`` for a success."""
+    error_message: str | None = None
+    """What the error said (``[Errno 104] Connection reset by peer``…)."""
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -299,6 +301,7 @@ def aiperf_requests(artifacts: Path) -> list[AiperfRequest]:
                 connect_ms=metrics.get("http_req_connection_overhead", 0.0),
                 output_tokens=None if tokens is None else int(tokens),
                 error=None if error is None else str(error.get("type") or error.get("message")),
+                error_message=None if error is None else error.get("message"),
             )
         )
     return sorted(out, key=lambda request: request.start_ns)

@@ -51,14 +51,17 @@ pytestmark = pytest.mark.real
 
 LLAMA_ARGS = ("-t", "1", "--cache-ram", "0", "-n", "160", "--temp", "0")
 LOAD = AiperfLoad(requests=20, entries=20, isl=32, osl=16, concurrency=1)
-DIRECT_LOSS = "ServerDisconnectedError"
-"""The one failure a direct AIPerf run may have: llama-server closed an idle keep-alive
-connection AIPerf then reused."""
-TOLERANCE_MS = 5.0
+DIRECT_LOSSES = frozenset({"ServerDisconnectedError", "ClientOSError"})
+"""The failures a direct AIPerf run may have: llama-server closed an idle keep-alive
+connection AIPerf then reused, seen as a disconnect (``ServerDisconnectedError``) or, when the
+request reached the socket after the close, as a connection reset (``ClientOSError``)."""
+TOLERANCE_MS = 8.0
 """AIPerf's TTFT and latency of a request against the proxy's record of it, the median over
-the run: the two clocks start and stop a loopback hop apart. Single requests stray further
-when other processes hold the cores (23 ms here at a load of 9 on 2 cores): whichever of
-AIPerf's worker and the proxy is scheduled late reads its clock late."""
+the run: the two clocks start and stop a loopback hop and AIPerf's own request and SSE
+handling apart, a median of 1.6-3.6 ms in four runs here on an idle machine and 5.1 ms in a
+fifth. Single requests stray further when other processes hold the cores (23 ms here at a
+load of 9 on 2 cores): whichever of AIPerf's worker and the proxy is scheduled late reads its
+clock late."""
 CLOCK_SLACK_MS = 1.0
 """What the record's microsecond rounding and the millisecond ``ts`` may put on the wrong
 side of a bound that holds exactly."""
@@ -169,8 +172,9 @@ def test_aiperf_requests_succeed_the_same_directly_and_through_the_proxy(
     direct, proxied = aiperf_runs.direct, aiperf_runs.proxied
     assert len(proxied) == len(direct) == LOAD.requests
     assert [r.error for r in proxied] == [None] * LOAD.requests
-    assert {r.error for r in direct} <= {None, DIRECT_LOSS}, [r.error for r in direct]
-    lost = sum(r.error == DIRECT_LOSS for r in direct)
+    failed = [(r.error, r.error_message) for r in direct if r.error is not None]
+    assert {r.error for r in direct} <= {None, *DIRECT_LOSSES}, failed
+    lost = sum(r.error in DIRECT_LOSSES for r in direct)
     assert len(_succeeded(direct)) + lost == len(_succeeded(proxied)) == LOAD.requests
     assert [r.output_tokens for r in _succeeded(direct)] == [LOAD.osl] * (LOAD.requests - lost)
     assert [r.output_tokens for r in proxied] == [LOAD.osl] * LOAD.requests

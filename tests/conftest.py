@@ -182,6 +182,17 @@ class ProxyProcess:
             assert time.monotonic() < deadline, f"no record for {request_id}"
             time.sleep(0.02)
 
+    def records_of(self, path: str, count: int, within: float = 10.0) -> list[dict[str, Any]]:
+        """The records of requests to ``path`` in the order the proxy had them, once
+        ``count`` were written or ``within`` seconds passed (a client that names no request
+        id, such as AIPerf)."""
+        deadline = time.monotonic() + within
+        while True:
+            found = [r for r in self.records().values() if r["path"] == path]
+            if len(found) >= count or time.monotonic() > deadline:
+                return sorted(found, key=lambda record: record["ts"])
+            time.sleep(0.1)
+
 
 PROXY_START_S = 60.0
 """How long ``python -m proxy serve`` may take to answer ``/stats``: under a second on an

@@ -323,7 +323,9 @@ def _run(command: Sequence[str], log_file: Path, what: str) -> None:
 @dataclass(frozen=True)
 class AiperfLoad:
     """What AIPerf sends: ``requests`` streamed chats at ``concurrency``, prompts of ``isl``
-    tokens drawn from ``entries`` distinct ones, ``osl`` tokens each (``ignore_eos``)."""
+    tokens drawn from ``entries`` distinct ones, ``osl`` tokens each (``ignore_eos``); with
+    ``system_tokens``, one system prompt of that many tokens shared by every prompt; with
+    ``warmup``, that many requests sent first (not in AIPerf's export, but through the proxy)."""
 
     requests: int = 20
     entries: int = 20
@@ -331,6 +333,8 @@ class AiperfLoad:
     osl: int = 16
     concurrency: int = 1
     seed: int = 42
+    system_tokens: int = 0
+    warmup: int = 0
 
 
 def run_aiperf(
@@ -351,6 +355,10 @@ def run_aiperf(
         "--no-gpu-telemetry", "--no-server-metrics",
         "--export-level", "raw", "--artifact-dir", str(out),
     ]  # fmt: skip
+    if load.system_tokens:
+        command += ["--shared-system-prompt-length", str(load.system_tokens)]
+    if load.warmup:
+        command += ["--warmup-request-count", str(load.warmup)]
     out.mkdir(parents=True, exist_ok=True)
     _run(command, out / "aiperf-output.txt", "aiperf")
     return aiperf_requests(out)

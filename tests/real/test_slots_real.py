@@ -9,6 +9,11 @@ the prefix it prefilled, and its schema is not "prefilled again". Everything els
 the request on the warm slot, the second burst (both slots hold the prefix now), the same
 traffic on one slot (the requests queue and each finds the prefix), and two agents each
 continuing its own conversation at once on its own slot.
+
+NVIDIA's AIPerf, a benchmark client, sends the same shape of traffic on its own: prompts
+behind one shared system prompt, four at a time on the two slots. There every record is
+checked against ``cache_n``: a cause is named exactly where the server kept less of the
+reusable prompt than it could have, and nowhere else.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from tests.client_capture import AsyncTee, Exchange
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import LlamaArtifacts, started_llama_server
 from tests.terminal import terminal_log
+from tests.third_party import AiperfLoad, gguf_tokenizer, run_aiperf
 
 pytestmark = pytest.mark.real
 
@@ -55,6 +61,14 @@ TOOLS: list[dict[str, Any]] = [
 QUESTIONS = ["Where is the red box?", "Move to the dock.", "Say hello.", "Turn left."]
 EXTRA = {"chat_template_kwargs": {"enable_thinking": False}}
 RECORD_WAIT_S = 60.0
+AIPERF_LOAD = AiperfLoad(
+    requests=16, entries=16, isl=24, osl=8, concurrency=4, system_tokens=300, warmup=1
+)
+"""Sixteen one-shot prompts behind a shared 300-token system prompt, four at a time, after
+one warm-up request."""
+CAUSES_ON_TWO_SLOTS = frozenset({"slot_busy", "slot_evicted"})
+"""What can cost a prompt its reusable prefix on this server: a slot busy with another
+request, or a slot that served other prompts since (never the sliding window: ``--swa-full``)."""
 
 
 def _server(
@@ -249,3 +263,37 @@ def test_two_agents_continuing_at_once_on_their_own_slots_are_silent(
         assert record["cache_n"] >= record["reusable_tokens"], agents.shown()
         assert record["prefill_cause"] is None, agents.shown()
     assert agents.proxy_findings() == [], agents.shown()
+
+
+def test_aiperf_at_concurrency_four_names_a_cause_exactly_where_cache_n_shows_a_loss(
+    two_slots: LlamaServer, tmp_path: Path
+) -> None:
+    """AIPerf's prompts behind a shared system prompt, four at a time on two slots: a record
+    names a cause (``slot_busy`` or ``slot_evicted``), with the tokens lost equal to the
+    reusable prompt less ``cache_n``, exactly where that difference is at least
+    ``LOST_MIN_TOKENS``; every other record is silent. The first burst, which finds the
+    prefix on one slot only, has such a loss; most requests find the prefix and say nothing."""
+    tokenizer = gguf_tokenizer(two_slots.model)
+    with proxy_in_front_of(two_slots.url, tmp_path / "proxy") as proxy:
+        requests = run_aiperf(
+            proxy.url, two_slots.alias, tokenizer, tmp_path / "aiperf", AIPERF_LOAD
+        )
+        assert [r.error_message for r in requests if r.error is not None] == []
+        wanted = AIPERF_LOAD.requests + AIPERF_LOAD.warmup
+        records = proxy.records_of("/v1/chat/completions", wanted, within=RECORD_WAIT_S)
+    assert len(records) == wanted
+    keys = ("prefix_kind", "reusable_tokens", "cache_n", "prefill_cause", "cache_lost_tokens")
+    shown = "\n".join(str({k: r.get(k) for k in keys}) for r in records)
+    lost = []
+    for record in records:
+        truth = record["reusable_tokens"] - record["cache_n"]
+        if truth >= LOST_MIN_TOKENS:
+            lost.append(record)
+            assert record["prefill_cause"] in CAUSES_ON_TWO_SLOTS, shown
+            assert record["cache_lost_tokens"] == truth, shown
+        else:
+            assert record["prefill_cause"] is None, shown
+            assert record.get("prefill_lost_ms") is None, shown
+    assert [r["prefill_cause"] for r in lost].count("slot_busy") >= 1, shown
+    kept = [r for r in records if r["cache_n"] >= AIPERF_LOAD.system_tokens]
+    assert len(kept) >= AIPERF_LOAD.requests // 2, shown

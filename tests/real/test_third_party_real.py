@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import Any
 import pytest
 
 from proxy.commands.provision import LlamaServer
-from tests.conftest import ProxyProcess, proxy_in_front_of
+from tests.conftest import proxy_in_front_of
 from tests.llama import LlamaArtifacts, started_llama_server
 from tests.llama_variants import post_json
 from tests.third_party import (
@@ -98,17 +97,6 @@ def server(
         yield started
 
 
-def _records(proxy: ProxyProcess, count: int) -> list[dict[str, Any]]:
-    """The proxy's ``count`` chat records in the order it had the requests (waiting for
-    the last to be written)."""
-    deadline = time.monotonic() + RECORD_WAIT_S
-    while True:
-        chats = [r for r in proxy.records().values() if r["path"] == "/v1/chat/completions"]
-        if len(chats) >= count or time.monotonic() > deadline:
-            return sorted(chats, key=lambda record: record["ts"])
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def aiperf_runs(server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> AiperfRuns:
     """AIPerf directly, then through a fresh proxy, with the same prompts in the same order."""
@@ -118,7 +106,7 @@ def aiperf_runs(server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -
     direct = run_aiperf(server.url, model, tokenizer, folder / "direct", LOAD)
     with proxy_in_front_of(server.url, folder / "proxy") as proxy:
         proxied = run_aiperf(proxy.url, model, tokenizer, folder / "proxied", LOAD)
-        records = _records(proxy, len(proxied))
+        records = proxy.records_of("/v1/chat/completions", len(proxied), RECORD_WAIT_S)
     return AiperfRuns(direct=direct, proxied=proxied, records=records)
 
 

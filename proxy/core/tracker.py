@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.dialects import CHAT_COMPLETIONS, Dialect
+from proxy.core.dialects import CHAT_COMPLETIONS, REASONING, Dialect
 from proxy.core.observation import MAX_REASONING_BYTES, Observation
 from proxy.core.record import ServerTimings
 from proxy.core.sse import SSEFramer
@@ -83,7 +83,6 @@ class StreamTracker:
         self._end_data = dialect.end_data
         self._carries_token = dialect.token.search
         self._interesting = dialect.interesting.search
-        self._reasoning = dialect.reasoning.match if dialect.reasoning is not None else None
         self._t0 = t0
         self._clock = clock
         self._skip = skip
@@ -200,8 +199,7 @@ class StreamTracker:
             if self._first_token is None:
                 self._first_token = now
             self._last_token = now
-            reasoning = self._reasoning
-            if text is not None and reasoning is not None and reasoning(data, text.start()):
+            if text is not None and text.lastgroup == REASONING:
                 self._think(_json(data) if obj is _UNREAD else obj, now)
 
     def _think(self, obj: object, now: float) -> None:

@@ -1269,6 +1269,24 @@ class TestReasoning:
         obs = run_sse(at_one_per_second(deltas), dialect=responses)
         assert obs.reasoning_text == "Hmm, Paris." and obs.reasoning_last_s == 2.0
 
+    def test_a_reasoning_summary_is_reasoning_and_output_text_is_not(self) -> None:
+        """Responses ``reasoning_summary_text`` deltas are reasoning; the output text after
+        them is a token but no reasoning (it neither extends the reasoning's times nor its
+        text)."""
+        responses = analyse_request("POST", "/v1/responses", b"{}").dialect
+        deltas = [
+            sse_json({"type": f"response.{kind}.delta", "delta": t, "item_id": "rs_1"})
+            for kind, t in (
+                ("reasoning_summary_text", "Short"),
+                ("reasoning_summary_text", " plan."),
+                ("output_text", "Paris."),
+            )
+        ]
+        obs = run_sse(at_one_per_second(deltas), dialect=responses)
+        assert obs.reasoning_text == "Short plan."
+        assert (obs.reasoning_first_s, obs.reasoning_last_s) == (1.0, 2.0)
+        assert (obs.token_events, obs.last_token_s) == (3, 3.0)
+
     def test_a_plain_body_states_its_reasoning(self) -> None:
         """A non-streamed answer's message.reasoning_content is the text (no times)."""
         body = orjson.dumps(

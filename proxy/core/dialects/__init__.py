@@ -9,7 +9,7 @@ path: Chat Completions, the Responses API, Anthropic Messages and the completion
 
 from __future__ import annotations
 
-from proxy.core.dialects.base import Dialect, ToolDelta
+from proxy.core.dialects.base import REASONING, Dialect, ToolDelta
 from proxy.core.dialects.chat import CHAT_COMPLETIONS
 from proxy.core.dialects.completions import COMPLETIONS
 from proxy.core.dialects.messages import MESSAGES
@@ -20,6 +20,7 @@ __all__ = [
     "COMPLETIONS",
     "DIALECTS",
     "MESSAGES",
+    "REASONING",
     "RESPONSES",
     "Dialect",
     "ToolDelta",

@@ -11,6 +11,7 @@ from proxy.core.record import ServerTimings
 
 __all__ = [
     "PLACEHOLDER_TURN",
+    "REASONING",
     "Dialect",
     "ImagePart",
     "StreamReader",
@@ -22,6 +23,10 @@ __all__ = [
     "top_level_id",
     "top_level_model",
 ]
+
+REASONING = "reasoning"
+"""The name of the group of :attr:`Dialect.token` that matches where an event's text is
+reasoning (thinking); an API without reasoning has none."""
 
 PLACEHOLDER_TURN: dict[str, str] = {"role": "user", "content": "."}
 """The one user turn a :attr:`Dialect.system_turn` keeps: templates render nothing without one."""
@@ -90,8 +95,10 @@ class Dialect:
     """One API's shape, as the tracker and the request analysis need it.
 
     ``token`` and ``interesting`` are searched in every event's raw bytes: an event
-    matching ``token`` carries generated text; only events matching ``interesting`` (and
-    the first) are parsed. The readers take parsed JSON objects.
+    matching ``token`` carries generated text, reasoning (thinking) when the match took the
+    pattern's group named :data:`REASONING` (each event carries one kind of text, and the
+    token pattern finds it); only events matching ``interesting`` (and the first) are parsed.
+    The readers take parsed JSON objects.
     """
 
     name: str
@@ -140,10 +147,6 @@ class Dialect:
     image_parts: Callable[[dict[str, Any]], list[ImagePart]] | None = None
     """The image parts of a request body, in the order its rendered prompt holds them (None:
     the API carries no images the proxy accounts for)."""
-    reasoning: re.Pattern[bytes] | None = None
-    """Matches, where :attr:`token` matched, the raw bytes of an event whose text is reasoning
-    (thinking), or None: the API has none. Tried only there: each event carries one kind of
-    text, and the token pattern finds it."""
     reasoning_text: Callable[[dict[str, Any]], str | None] | None = None
     """The reasoning text a parsed event (a delta) or a whole body states, or None."""
     body_call_cut: Callable[[dict[str, Any]], bool] = never

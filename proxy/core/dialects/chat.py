@@ -164,7 +164,7 @@ CHAT_COMPLETIONS = Dialect(
     name="chat_completions",
     handles=_is_chat,
     # llama-server writes compact JSON, in which a key cannot occur unescaped in a string
-    token=re.compile(rb'"(?:reasoning_content|content|text)": ?"[^"]'),
+    token=re.compile(rb'"(?:(?P<reasoning>reasoning_content)|content|text)": ?"[^"]'),
     # one leading quote for every branch: the search tries the branches only at a quote
     interesting=re.compile(rb'"(?:timings"|usage"|tool_calls"|error"|finish_reason": ?")'),
     finish_reasons=_finish_reasons,
@@ -178,6 +178,5 @@ CHAT_COMPLETIONS = Dialect(
     system_turn=_system_turn,
     chat_form=lambda turn: turn,
     image_parts=_image_parts,
-    reasoning=re.compile(rb'"reasoning_content": ?"'),
     reasoning_text=_reasoning_text,
 )

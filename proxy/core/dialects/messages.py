@@ -226,7 +226,9 @@ MESSAGES = Dialect(
     name="messages",
     handles=_is_messages,
     # compact JSON: these keys cannot occur unescaped inside a string; empty deltas are no token
-    token=re.compile(rb'"(?:text_delta", ?"text|thinking_delta", ?"thinking)": ?"[^"]'),
+    token=re.compile(
+        rb'"(?:text_delta", ?"text|(?P<reasoning>thinking_delta", ?"thinking))": ?"[^"]'
+    ),
     interesting=re.compile(
         rb'"(?:(?:usage|stop_reason|error|code)":|(?:tool_use|input_json_delta|message_stop)")'
     ),
@@ -246,6 +248,5 @@ MESSAGES = Dialect(
     system_turn=system_turn,
     chat_form=chat_form,
     image_parts=image_parts,
-    reasoning=re.compile(rb'"thinking_delta"'),
     reasoning_text=_thinking_text,
 )

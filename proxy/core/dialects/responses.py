@@ -270,8 +270,8 @@ RESPONSES = Dialect(
     handles=_is_responses,
     # compact JSON: a key or an unescaped ``"type":"…"`` cannot occur inside a string
     token=re.compile(
-        rb'"type": ?"response\.(?:output_text|reasoning_text|reasoning_summary_text|refusal)'
-        rb'\.delta"'
+        rb'"type": ?"response\.(?:output_text|(?P<reasoning>reasoning_text|'
+        rb'reasoning_summary_text)|refusal)\.delta"'
     ),
     interesting=re.compile(
         rb'"(?:(?:usage|timings|error)": ?|type": ?"(?:function_call"|response\.(?:'
@@ -291,7 +291,6 @@ RESPONSES = Dialect(
     system_turn=system_turn,
     chat_form=chat_form,
     image_parts=image_parts,
-    reasoning=re.compile(rb'"type": ?"response\.reasoning(?:_summary)?_text\.delta"'),
     reasoning_text=_reasoning_text,
     states_limit=False,
 )

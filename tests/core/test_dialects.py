@@ -6,7 +6,7 @@ import dataclasses
 import re
 from typing import Any
 
-from proxy.core.dialects import CHAT_COMPLETIONS, DIALECTS, dialect_for
+from proxy.core.dialects import CHAT_COMPLETIONS, DIALECTS, REASONING, dialect_for
 from proxy.core.record import ServerTimings
 from proxy.core.request import analyse_request
 from proxy.core.tracker import StreamTracker
@@ -121,3 +121,14 @@ def test_a_parsed_event_can_end_the_stream() -> None:
     assert not tracker.done
     tracker.feed(sse(b'{"content":"","stop":true}'))
     assert tracker.done
+
+
+def test_a_token_pattern_has_no_group_but_the_reasoning_one() -> None:
+    """The tracker tells reasoning from text by the token match's ``lastgroup``: each
+    dialect's token pattern has no group but :data:`REASONING`, which every API with
+    reasoning has (the completion endpoints have none)."""
+    for dialect in DIALECTS:
+        named = set(dialect.token.groupindex)
+        assert dialect.token.groups == len(named), dialect.name
+        expected = {REASONING} if dialect.reasoning_text is not None else set()
+        assert named == expected, dialect.name

@@ -26,7 +26,8 @@ __all__ = [
 
 REASONING = "reasoning"
 """The name of the group of :attr:`Dialect.token` that matches where an event's text is
-reasoning (thinking); an API without reasoning has none."""
+reasoning (thinking): the pattern's only group, so the match's ``lastgroup`` says it; an
+API without reasoning has none."""
 
 PLACEHOLDER_TURN: dict[str, str] = {"role": "user", "content": "."}
 """The one user turn a :attr:`Dialect.system_turn` keeps: templates render nothing without one."""

@@ -325,7 +325,9 @@ class AiperfLoad:
     """What AIPerf sends: ``requests`` streamed chats at ``concurrency``, prompts of ``isl``
     tokens drawn from ``entries`` distinct ones, ``osl`` tokens each (``ignore_eos``); with
     ``system_tokens``, one system prompt of that many tokens shared by every prompt; with
-    ``warmup``, that many requests sent first (not in AIPerf's export, but through the proxy)."""
+    ``warmup``, that many requests sent first (not in AIPerf's export, but through the proxy);
+    with ``conversations``, that many conversations of ``turns`` turns each, every turn sent
+    with the history before it (``requests`` should be their product)."""
 
     requests: int = 20
     entries: int = 20
@@ -335,6 +337,8 @@ class AiperfLoad:
     seed: int = 42
     system_tokens: int = 0
     warmup: int = 0
+    conversations: int = 0
+    turns: int = 1
 
 
 def run_aiperf(
@@ -359,6 +363,9 @@ def run_aiperf(
         command += ["--shared-system-prompt-length", str(load.system_tokens)]
     if load.warmup:
         command += ["--warmup-request-count", str(load.warmup)]
+    if load.conversations:
+        command += ["--conversation-num", str(load.conversations)]
+        command += ["--conversation-turn-mean", str(load.turns), "--conversation-turn-stddev", "0"]
     out.mkdir(parents=True, exist_ok=True)
     _run(command, out / "aiperf-output.txt", "aiperf")
     return aiperf_requests(out)

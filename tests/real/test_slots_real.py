@@ -10,15 +10,17 @@ the request on the warm slot, the second burst (both slots hold the prefix now),
 traffic on one slot (the requests queue and each finds the prefix), and two agents each
 continuing its own conversation at once on its own slot.
 
-NVIDIA's AIPerf, a benchmark client, sends the same shape of traffic on its own: prompts
-behind one shared system prompt, four at a time on the two slots. There every record is
-checked against ``cache_n``: a cause is named exactly where the server kept less of the
-reusable prompt than it could have, and nowhere else.
+NVIDIA's AIPerf, a benchmark client, sends the same shapes of traffic on its own: prompts
+behind one shared system prompt, four at a time on the two slots; and its multi-turn
+conversations, one request at a time on one slot, then all at once on two. There every
+record is checked against ``cache_n``: a cause is named exactly where the server kept less
+of the reusable prompt than it could have, and nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import urllib.request
 import uuid
@@ -66,8 +68,12 @@ AIPERF_LOAD = AiperfLoad(
 )
 """Sixteen one-shot prompts behind a shared 300-token system prompt, four at a time, after
 one warm-up request."""
-CAUSES_ON_TWO_SLOTS = frozenset({"slot_busy", "slot_evicted"})
-"""What can cost a prompt its reusable prefix on this server: a slot busy with another
+AIPERF_CONVERSATIONS = AiperfLoad(
+    requests=12, entries=12, isl=24, osl=8, concurrency=1, conversations=4, turns=3
+)
+"""Four conversations of three turns, each turn sent with the history before it."""
+CAUSES_ON_THIS_SERVER = frozenset({"slot_busy", "slot_evicted"})
+"""What can cost a prompt its reusable prefix on these servers: a slot busy with another
 request, or a slot that served other prompts since (never the sliding window: ``--swa-full``)."""
 
 
@@ -273,27 +279,78 @@ def test_aiperf_at_concurrency_four_names_a_cause_exactly_where_cache_n_shows_a_
     reusable prompt less ``cache_n``, exactly where that difference is at least
     ``LOST_MIN_TOKENS``; every other record is silent. The first burst, which finds the
     prefix on one slot only, has such a loss; most requests find the prefix and say nothing."""
-    tokenizer = gguf_tokenizer(two_slots.model)
-    with proxy_in_front_of(two_slots.url, tmp_path / "proxy") as proxy:
+    records = _aiperf_records(two_slots, tmp_path, AIPERF_LOAD)
+    lost, shown = _causes_where_cache_n_lost(records), _shown(records)
+    assert [r["prefill_cause"] for r in lost].count("slot_busy") >= 1, shown
+    kept = [r for r in records if r["cache_n"] >= AIPERF_LOAD.system_tokens]
+    assert len(kept) >= AIPERF_LOAD.requests // 2, shown
+
+
+def test_aiperf_conversations_one_at_a_time_on_one_slot_extend_silently(
+    one_slot: LlamaServer, tmp_path: Path
+) -> None:
+    """AIPerf's multi-turn mode, its four three-turn conversations one request at a time on
+    one slot: each later turn finds the turn before it (``cache_n`` at least the reusable
+    prompt) and is ``extends``; nothing is said; the records form four conversations of
+    turns 1, 2, 3, none folded into another."""
+    records = _aiperf_records(one_slot, tmp_path, AIPERF_CONVERSATIONS)
+    shown = _shown(records)
+    assert _causes_where_cache_n_lost(records) == [], shown
+    turns: dict[str, list[int]] = {}
+    for record in records:
+        turns.setdefault(record["conversation"], []).append(record["turn"])
+        assert record["prefill_cause"] is None, shown
+        if record["turn"] > 1:
+            assert record["prefix_kind"] == "extends", shown
+            assert record["cache_n"] >= record["reusable_tokens"] > 0, shown
+    assert sorted(turns.values()) == [[1, 2, 3]] * 4, shown
+
+
+def test_aiperf_conversations_at_once_on_two_slots_are_evicted_where_cache_n_says(
+    two_slots: LlamaServer, tmp_path: Path
+) -> None:
+    """The same four conversations all at once on two slots: two conversations take turns on
+    each slot, so a later turn finds the other one's prompt there. A cause is named exactly
+    where ``cache_n`` kept at least ``LOST_MIN_TOKENS`` less than the turn before left, with
+    that loss; here that is ``slot_evicted`` at least once."""
+    load = dataclasses.replace(AIPERF_CONVERSATIONS, concurrency=4)
+    records = _aiperf_records(two_slots, tmp_path, load)
+    lost = _causes_where_cache_n_lost(records)
+    assert "slot_evicted" in {r["prefill_cause"] for r in lost}, _shown(records)
+
+
+def _aiperf_records(server: LlamaServer, folder: Path, load: AiperfLoad) -> list[dict[str, Any]]:
+    """AIPerf's ``load`` through a fresh proxy in front of ``server``: every request
+    succeeds; the proxy's records of them, in the order it had them."""
+    with proxy_in_front_of(server.url, folder / "proxy") as proxy:
         requests = run_aiperf(
-            proxy.url, two_slots.alias, tokenizer, tmp_path / "aiperf", AIPERF_LOAD
+            proxy.url, server.alias, gguf_tokenizer(server.model), folder / "aiperf", load
         )
         assert [r.error_message for r in requests if r.error is not None] == []
-        wanted = AIPERF_LOAD.requests + AIPERF_LOAD.warmup
+        wanted = load.requests + load.warmup
         records = proxy.records_of("/v1/chat/completions", wanted, within=RECORD_WAIT_S)
     assert len(records) == wanted
-    keys = ("prefix_kind", "reusable_tokens", "cache_n", "prefill_cause", "cache_lost_tokens")
-    shown = "\n".join(str({k: r.get(k) for k in keys}) for r in records)
-    lost = []
+    return records
+
+
+def _causes_where_cache_n_lost(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records whose reusable prompt exceeds llama-server's ``cache_n`` by at least
+    ``LOST_MIN_TOKENS``, after checking that exactly these name a cause that can happen on
+    this server, with that difference as their loss, and that the others say nothing."""
+    lost, shown = [], _shown(records)
     for record in records:
         truth = record["reusable_tokens"] - record["cache_n"]
         if truth >= LOST_MIN_TOKENS:
             lost.append(record)
-            assert record["prefill_cause"] in CAUSES_ON_TWO_SLOTS, shown
+            assert record["prefill_cause"] in CAUSES_ON_THIS_SERVER, shown
             assert record["cache_lost_tokens"] == truth, shown
         else:
             assert record["prefill_cause"] is None, shown
             assert record.get("prefill_lost_ms") is None, shown
-    assert [r["prefill_cause"] for r in lost].count("slot_busy") >= 1, shown
-    kept = [r for r in records if r["cache_n"] >= AIPERF_LOAD.system_tokens]
-    assert len(kept) >= AIPERF_LOAD.requests // 2, shown
+    return lost
+
+
+def _shown(records: list[dict[str, Any]]) -> str:
+    keys = ("conversation", "turn", "prefix_kind", "reusable_tokens", "cache_n")
+    more = ("prefill_cause", "cache_lost_tokens")
+    return "\n".join(str({k: r.get(k) for k in (*keys, *more)}) for r in records)

@@ -10,6 +10,9 @@ last the first one to ``a`` again (the router reloads it). The look-ups must eac
 model: every count is the model's own (against the counting endpoint asked directly with
 ``model``), ``b``'s first request is not "prefilled again" for a schema only ``a`` had seen,
 no look-up fails, and ``a``'s reload is the cause of its repeat's prefill.
+
+A router of its own (``a`` alone, two slots) takes AIPerf's benchmark traffic: a cause is
+named exactly where llama-server's ``cache_n`` shows a loss, and nowhere else.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from proxy.commands.provision import LlamaServer, LlamaServerError
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import START_TIMEOUT, LlamaArtifacts
 from tests.llama_variants import GET_WEATHER, post_json
+from tests.real.cache_truth import aiperf_records, causes_where_cache_n_lost, shown
+from tests.third_party import AiperfLoad
 
 pytestmark = pytest.mark.real
 
@@ -35,6 +40,11 @@ RECORD_WAIT_S = 180.0
 """A record waits for its look-ups, which wait for the router to load the model."""
 QWEN3_TOOLS_LINE = "You may call one or more functions to assist with the user query."
 B_TOOLS_LINE = QWEN3_TOOLS_LINE + " Call them only when the answer needs them."
+AIPERF_LOAD = AiperfLoad(
+    requests=12, entries=12, isl=24, osl=8, concurrency=4, system_tokens=300, warmup=1
+)
+"""Twelve one-shot prompts behind a shared 300-token system prompt, four at a time, after
+one warm-up request."""
 MODEL_SIZE_BYTES = 246_587_904
 """The provisioned GGUF's size as llama-server's ``/v1/models`` ``meta.size`` gives it."""
 
@@ -53,17 +63,21 @@ class Router(LlamaServer):
     """llama-server in router mode over ``models_dir``, one model loaded at a time, the
     per-model options from ``presets``."""
 
-    def __init__(self, binary: Path, models_dir: Path, presets: Path, log_dir: Path) -> None:
+    def __init__(
+        self, binary: Path, models_dir: Path, presets: Path, log_dir: Path, slots: int = 1
+    ) -> None:
         super().__init__(binary, models_dir, alias="", log_dir=log_dir)
         self.presets = presets
+        self.slots = slots
 
     def command(self) -> list[str]:
-        """The router's argv: no ``-m``; ``-t 1`` and the context reach every model."""
+        """The router's argv: no ``-m``; ``-t 1``, the context and the slots reach every
+        model."""
         return [
             str(self.binary),
             *("--models-dir", str(self.model), "--models-preset", str(self.presets)),
-            *("--models-max", "1", "-t", "1", "-c", str(self.ctx), "-np", "1", "--metrics"),
-            *("--host", self.host, "--port", str(self.port)),
+            *("--models-max", "1", "-t", "1", "-c", str(self.ctx), "-np", str(self.slots)),
+            *("--metrics", "--host", self.host, "--port", str(self.port)),
         ]
 
 
@@ -133,7 +147,11 @@ def router(
         f"version = 1\n[a]\nchat-template-file = {llama_artifacts.template}\n"
         f"[b]\nchat-template-file = {b_template}\n"
     )
-    server = Router(llama_artifacts.binary, models, presets, folder)
+    yield from _serving(Router(llama_artifacts.binary, models, presets, folder))
+
+
+def _serving(server: Router) -> Iterator[Router]:
+    """``server`` started (a failure to start fails the test in one line), then stopped."""
     try:
         server.start(timeout=START_TIMEOUT)
     except LlamaServerError as exc:
@@ -146,6 +164,21 @@ def router(
         yield server
     finally:
         server.stop(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def benchmarked(
+    llama_artifacts: LlamaArtifacts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Router]:
+    """A router of its own over ``a`` alone (the Qwen3 template), with two slots: the server
+    AIPerf runs against."""
+    folder = tmp_path_factory.mktemp("router-aiperf")
+    models = folder / "models"
+    models.mkdir()
+    (models / "a.gguf").symlink_to(llama_artifacts.model)
+    presets = folder / "presets.ini"
+    presets.write_text(f"version = 1\n[a]\nchat-template-file = {llama_artifacts.template}\n")
+    yield from _serving(Router(llama_artifacts.binary, models, presets, folder, slots=2))
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +291,19 @@ def test_metrics_and_roofline_per_model(run: Run) -> None:
     rate = run.b_again["decode_tok_s"]
     assert rate is not None
     assert run.b_again["decode_gbs"] == pytest.approx(MODEL_SIZE_BYTES * rate / 1e9, abs=1e-3)
+
+
+def test_aiperf_through_a_router_names_a_cause_exactly_where_cache_n_shows_a_loss(
+    benchmarked: Router, llama_artifacts: LlamaArtifacts, tmp_path: Path
+) -> None:
+    """AIPerf's prompts behind a shared system prompt, four at a time, naming model ``a`` of a
+    router with two slots (its look-ups must name the model too): a record names a cause
+    exactly where ``cache_n`` kept at least ``LOST_MIN_TOKENS`` less than the reusable
+    prompt, with that loss, and says nothing elsewhere; the sliding window Gemma 3 keeps
+    here costs each prompt a few tokens, under that bound. The first burst finds the prefix
+    on one slot only: ``slot_busy`` once at least."""
+    records = aiperf_records(benchmarked.url, "a", llama_artifacts.model, tmp_path, AIPERF_LOAD)
+    causes = frozenset({"slot_busy", "slot_evicted", "sliding_window"})
+    lost = causes_where_cache_n_lost(records, causes)
+    assert "slot_busy" in {r["prefill_cause"] for r in lost}, shown(records)
+    assert not any(r.get("accounting_error") or r.get("attribution_error") for r in records)

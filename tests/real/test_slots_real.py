@@ -37,8 +37,9 @@ from proxy.core.findings import LOST_MIN_TOKENS
 from tests.client_capture import AsyncTee, Exchange
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import LlamaArtifacts, started_llama_server
+from tests.real.cache_truth import aiperf_records, causes_where_cache_n_lost, shown
 from tests.terminal import terminal_log
-from tests.third_party import AiperfLoad, gguf_tokenizer, run_aiperf
+from tests.third_party import AiperfLoad
 
 pytestmark = pytest.mark.real
 
@@ -279,11 +280,11 @@ def test_aiperf_at_concurrency_four_names_a_cause_exactly_where_cache_n_shows_a_
     reusable prompt less ``cache_n``, exactly where that difference is at least
     ``LOST_MIN_TOKENS``; every other record is silent. The first burst, which finds the
     prefix on one slot only, has such a loss; most requests find the prefix and say nothing."""
-    records = _aiperf_records(two_slots, tmp_path, AIPERF_LOAD)
-    lost, shown = _causes_where_cache_n_lost(records), _shown(records)
-    assert [r["prefill_cause"] for r in lost].count("slot_busy") >= 1, shown
+    records = aiperf_records(two_slots.url, two_slots.alias, two_slots.model, tmp_path, AIPERF_LOAD)
+    lost, seen = causes_where_cache_n_lost(records, CAUSES_ON_THIS_SERVER), shown(records)
+    assert [r["prefill_cause"] for r in lost].count("slot_busy") >= 1, seen
     kept = [r for r in records if r["cache_n"] >= AIPERF_LOAD.system_tokens]
-    assert len(kept) >= AIPERF_LOAD.requests // 2, shown
+    assert len(kept) >= AIPERF_LOAD.requests // 2, seen
 
 
 def test_aiperf_conversations_one_at_a_time_on_one_slot_extend_silently(
@@ -293,17 +294,19 @@ def test_aiperf_conversations_one_at_a_time_on_one_slot_extend_silently(
     one slot: each later turn finds the turn before it (``cache_n`` at least the reusable
     prompt) and is ``extends``; nothing is said; the records form four conversations of
     turns 1, 2, 3, none folded into another."""
-    records = _aiperf_records(one_slot, tmp_path, AIPERF_CONVERSATIONS)
-    shown = _shown(records)
-    assert _causes_where_cache_n_lost(records) == [], shown
+    records = aiperf_records(
+        one_slot.url, one_slot.alias, one_slot.model, tmp_path, AIPERF_CONVERSATIONS
+    )
+    seen = shown(records)
+    assert causes_where_cache_n_lost(records, CAUSES_ON_THIS_SERVER) == [], seen
     turns: dict[str, list[int]] = {}
     for record in records:
         turns.setdefault(record["conversation"], []).append(record["turn"])
-        assert record["prefill_cause"] is None, shown
+        assert record["prefill_cause"] is None, seen
         if record["turn"] > 1:
-            assert record["prefix_kind"] == "extends", shown
-            assert record["cache_n"] >= record["reusable_tokens"] > 0, shown
-    assert sorted(turns.values()) == [[1, 2, 3]] * 4, shown
+            assert record["prefix_kind"] == "extends", seen
+            assert record["cache_n"] >= record["reusable_tokens"] > 0, seen
+    assert sorted(turns.values()) == [[1, 2, 3]] * 4, seen
 
 
 def test_aiperf_conversations_at_once_on_two_slots_are_evicted_where_cache_n_says(
@@ -314,43 +317,6 @@ def test_aiperf_conversations_at_once_on_two_slots_are_evicted_where_cache_n_say
     where ``cache_n`` kept at least ``LOST_MIN_TOKENS`` less than the turn before left, with
     that loss; here that is ``slot_evicted`` at least once."""
     load = dataclasses.replace(AIPERF_CONVERSATIONS, concurrency=4)
-    records = _aiperf_records(two_slots, tmp_path, load)
-    lost = _causes_where_cache_n_lost(records)
-    assert "slot_evicted" in {r["prefill_cause"] for r in lost}, _shown(records)
-
-
-def _aiperf_records(server: LlamaServer, folder: Path, load: AiperfLoad) -> list[dict[str, Any]]:
-    """AIPerf's ``load`` through a fresh proxy in front of ``server``: every request
-    succeeds; the proxy's records of them, in the order it had them."""
-    with proxy_in_front_of(server.url, folder / "proxy") as proxy:
-        requests = run_aiperf(
-            proxy.url, server.alias, gguf_tokenizer(server.model), folder / "aiperf", load
-        )
-        assert [r.error_message for r in requests if r.error is not None] == []
-        wanted = load.requests + load.warmup
-        records = proxy.records_of("/v1/chat/completions", wanted, within=RECORD_WAIT_S)
-    assert len(records) == wanted
-    return records
-
-
-def _causes_where_cache_n_lost(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records whose reusable prompt exceeds llama-server's ``cache_n`` by at least
-    ``LOST_MIN_TOKENS``, after checking that exactly these name a cause that can happen on
-    this server, with that difference as their loss, and that the others say nothing."""
-    lost, shown = [], _shown(records)
-    for record in records:
-        truth = record["reusable_tokens"] - record["cache_n"]
-        if truth >= LOST_MIN_TOKENS:
-            lost.append(record)
-            assert record["prefill_cause"] in CAUSES_ON_THIS_SERVER, shown
-            assert record["cache_lost_tokens"] == truth, shown
-        else:
-            assert record["prefill_cause"] is None, shown
-            assert record.get("prefill_lost_ms") is None, shown
-    return lost
-
-
-def _shown(records: list[dict[str, Any]]) -> str:
-    keys = ("conversation", "turn", "prefix_kind", "reusable_tokens", "cache_n")
-    more = ("prefill_cause", "cache_lost_tokens")
-    return "\n".join(str({k: r.get(k) for k in (*keys, *more)}) for r in records)
+    records = aiperf_records(two_slots.url, two_slots.alias, two_slots.model, tmp_path, load)
+    lost = causes_where_cache_n_lost(records, CAUSES_ON_THIS_SERVER)
+    assert "slot_evicted" in {r["prefill_cause"] for r in lost}, shown(records)

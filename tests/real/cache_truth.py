@@ -16,6 +16,11 @@ from tests.conftest import proxy_in_front_of
 from tests.third_party import AiperfLoad, gguf_tokenizer, run_aiperf
 
 RECORD_WAIT_S = 60.0
+SHARED_PROMPT_BURST = AiperfLoad(
+    requests=16, entries=16, isl=24, osl=8, concurrency=4, system_tokens=300, warmup=1
+)
+"""Sixteen one-shot prompts behind a shared 300-token system prompt, four at a time, after
+one warm-up request: on two slots, the first burst finds the prefix on one slot only."""
 
 
 def aiperf_records(

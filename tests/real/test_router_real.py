@@ -31,8 +31,12 @@ from proxy.commands.provision import LlamaServer, LlamaServerError
 from tests.conftest import ProxyProcess, proxy_in_front_of
 from tests.llama import START_TIMEOUT, LlamaArtifacts
 from tests.llama_variants import GET_WEATHER, post_json
-from tests.real.cache_truth import aiperf_records, causes_where_cache_n_lost, shown
-from tests.third_party import AiperfLoad
+from tests.real.cache_truth import (
+    SHARED_PROMPT_BURST,
+    aiperf_records,
+    causes_where_cache_n_lost,
+    shown,
+)
 
 pytestmark = pytest.mark.real
 
@@ -40,11 +44,6 @@ RECORD_WAIT_S = 180.0
 """A record waits for its look-ups, which wait for the router to load the model."""
 QWEN3_TOOLS_LINE = "You may call one or more functions to assist with the user query."
 B_TOOLS_LINE = QWEN3_TOOLS_LINE + " Call them only when the answer needs them."
-AIPERF_LOAD = AiperfLoad(
-    requests=12, entries=12, isl=24, osl=8, concurrency=4, system_tokens=300, warmup=1
-)
-"""Twelve one-shot prompts behind a shared 300-token system prompt, four at a time, after
-one warm-up request."""
 MODEL_SIZE_BYTES = 246_587_904
 """The provisioned GGUF's size as llama-server's ``/v1/models`` ``meta.size`` gives it."""
 
@@ -134,20 +133,27 @@ def router(
 ) -> Iterator[Router]:
     """The router over ``a`` and ``b``: the same GGUF, ``b`` with its own template."""
     folder = tmp_path_factory.mktemp("router")
-    models = folder / "models"
-    models.mkdir()
-    for name in ("a", "b"):
-        (models / f"{name}.gguf").symlink_to(llama_artifacts.model)
     qwen3 = llama_artifacts.template.read_text()
     assert QWEN3_TOOLS_LINE in qwen3
     b_template = folder / "b.jinja"
     b_template.write_text(qwen3.replace(QWEN3_TOOLS_LINE, B_TOOLS_LINE))
-    presets = folder / "presets.ini"
-    presets.write_text(
-        f"version = 1\n[a]\nchat-template-file = {llama_artifacts.template}\n"
-        f"[b]\nchat-template-file = {b_template}\n"
-    )
-    yield from _serving(Router(llama_artifacts.binary, models, presets, folder))
+    templates = {"a": llama_artifacts.template, "b": b_template}
+    yield from _serving(_router(llama_artifacts, folder, templates))
+
+
+def _router(
+    artifacts: LlamaArtifacts, folder: Path, templates: dict[str, Path], slots: int = 1
+) -> Router:
+    """A router in ``folder`` over the provisioned GGUF under each name of ``templates``,
+    each name served with its template."""
+    models = folder / "models"
+    models.mkdir()
+    presets = ["version = 1"]
+    for name, template in templates.items():
+        (models / f"{name}.gguf").symlink_to(artifacts.model)
+        presets += [f"[{name}]", f"chat-template-file = {template}"]
+    (folder / "presets.ini").write_text("\n".join(presets) + "\n")
+    return Router(artifacts.binary, models, folder / "presets.ini", folder, slots=slots)
 
 
 def _serving(server: Router) -> Iterator[Router]:
@@ -173,12 +179,7 @@ def benchmarked(
     """A router of its own over ``a`` alone (the Qwen3 template), with two slots: the server
     AIPerf runs against."""
     folder = tmp_path_factory.mktemp("router-aiperf")
-    models = folder / "models"
-    models.mkdir()
-    (models / "a.gguf").symlink_to(llama_artifacts.model)
-    presets = folder / "presets.ini"
-    presets.write_text(f"version = 1\n[a]\nchat-template-file = {llama_artifacts.template}\n")
-    yield from _serving(Router(llama_artifacts.binary, models, presets, folder, slots=2))
+    yield from _serving(_router(llama_artifacts, folder, {"a": llama_artifacts.template}, 2))
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +303,9 @@ def test_aiperf_through_a_router_names_a_cause_exactly_where_cache_n_shows_a_los
     prompt, with that loss, and says nothing elsewhere; the sliding window Gemma 3 keeps
     here costs each prompt a few tokens, under that bound. The first burst finds the prefix
     on one slot only: ``slot_busy`` once at least."""
-    records = aiperf_records(benchmarked.url, "a", llama_artifacts.model, tmp_path, AIPERF_LOAD)
+    records = aiperf_records(
+        benchmarked.url, "a", llama_artifacts.model, tmp_path, SHARED_PROMPT_BURST
+    )
     causes = frozenset({"slot_busy", "slot_evicted", "sliding_window"})
     lost = causes_where_cache_n_lost(records, causes)
     assert "slot_busy" in {r["prefill_cause"] for r in lost}, shown(records)

@@ -40,6 +40,7 @@ __all__ = [
     "AIPERF_REQUIREMENT",
     "PROVIDER_CHECK_REQUIREMENT",
     "AiperfRequest",
+    "ProviderVerdict",
     "aiperf_venv",
     "gguf_tokenizer",
     "provider_check_venv",
@@ -371,7 +372,16 @@ def run_aiperf(
     return aiperf_requests(out)
 
 
-def run_provider_check(url: str, model: str, out: Path, tier: int) -> dict[str, str]:
+@dataclass(frozen=True)
+class ProviderVerdict:
+    """One of the provider check's checks: its verdict and, when the check's request got no
+    HTTP response at all, the ``httpx`` error it got instead."""
+
+    status: str
+    no_response: str | None
+
+
+def run_provider_check(url: str, model: str, out: Path, tier: int) -> dict[str, ProviderVerdict]:
     """``trustedrouter-provider-check`` against ``url`` (an OpenAI API root, ``/v1``) up to
     ``tier``: each check's id and verdict (pass, fail, warn or skip). Its exit status says
     whether the conformance gate passed; the verdicts say more, so it is not checked."""
@@ -393,7 +403,16 @@ def run_provider_check(url: str, model: str, out: Path, tier: int) -> dict[str, 
         )
     assert report.is_file(), f"provider check wrote no report:\n{tail(log_file)}"
     checks = json.loads(report.read_text(encoding="utf-8"))["checks"]
-    return {check["id"]: check["status"] for check in checks}
+    return {check["id"]: _provider_verdict(check) for check in checks}
+
+
+def _provider_verdict(check: dict[str, Any]) -> ProviderVerdict:
+    """A check's verdict; a probe that caught an ``httpx`` error names it in ``measured`` as
+    ``error`` or ``error_type`` beside no ``http_status``."""
+    measured = check.get("measured") or {}
+    error = measured.get("error") or measured.get("error_type")
+    answered = measured.get("http_status") is not None
+    return ProviderVerdict(check["status"], None if answered or not error else str(error))
 
 
 if __name__ == "__main__":

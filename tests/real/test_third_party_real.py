@@ -15,9 +15,10 @@ Two clients nobody on this project wrote, each in its own virtualenv (``tests/th
 One llama-server serves both: ``-t 1`` (shared cores), ``--cache-ram 0`` (a rerun cannot
 restore earlier prompts), ``-n 160 --temp 0`` (the provider check's probes send neither
 ``max_tokens`` nor a temperature: without them a verdict flips at random between runs,
-directly too). Directly, llama-server sometimes closes an idle keep-alive connection as
-AIPerf reuses it (``ServerDisconnectedError``); those requests are left out of the direct
-run's count, never out of the run through the proxy.
+directly too). Directly, llama-server sometimes closes an idle keep-alive connection as a
+client reuses it (AIPerf's ``ServerDisconnectedError``, the provider check's
+``RemoteProtocolError``): those requests and checks are left out of the direct run, never out
+of the run through the proxy, whose pool retires idle connections before llama-server does.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tests.llama_variants import post_json
 from tests.third_party import (
     AiperfLoad,
     AiperfRequest,
+    ProviderVerdict,
     aiperf_venv,
     gguf_tokenizer,
     run_aiperf,
@@ -64,6 +66,10 @@ clock late."""
 CLOCK_SLACK_MS = 1.0
 """What the record's microsecond rounding and the millisecond ``ts`` may put on the wrong
 side of a bound that holds exactly."""
+PROVIDER_LOSSES = frozenset({"RemoteProtocolError", "ReadError", "WriteError"})
+"""The ``httpx`` errors a direct provider check's probe may get instead of a response: the
+same closes as ``DIRECT_LOSSES`` (llama-server closed the kept-alive connection the probe
+was sent on), which its streaming probes retry and its other probes report as ``warn``."""
 PROVIDER_TIER = 5
 """Every contract tier but 6, the advisory throughput benchmark (a 512-token completion
 each way, no verdict the other tiers do not already give)."""
@@ -213,7 +219,7 @@ def test_aiperf_independent_prompts_claim_no_cache_loss(aiperf_runs: AiperfRuns)
 @pytest.fixture(scope="module")
 def provider_verdicts(
     server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[dict[str, str], dict[str, str], int]:
+) -> tuple[dict[str, ProviderVerdict], dict[str, ProviderVerdict], int]:
     """The provider check's verdicts directly and through a fresh proxy, and how many
     requests the proxy recorded."""
     folder = tmp_path_factory.mktemp("provider-check")
@@ -226,13 +232,25 @@ def provider_verdicts(
 
 
 def test_provider_check_verdicts_equal_directly_and_through_the_proxy(
-    provider_verdicts: tuple[dict[str, str], dict[str, str], int],
+    provider_verdicts: tuple[dict[str, ProviderVerdict], dict[str, ProviderVerdict], int],
 ) -> None:
     """Each of the provider check's checks up to tier 5 gives the same verdict through the
-    proxy as directly, none fails directly, and the proxy recorded the check's requests."""
+    proxy as directly, but for a direct check whose probe llama-server disconnected (at most
+    two); no probe through the proxy goes without a response, no check fails either way, and
+    the proxy recorded the check's requests."""
     direct, proxied, recorded = provider_verdicts
-    assert proxied == direct
-    assert "fail" not in direct.values(), direct
+    assert direct.keys() == proxied.keys()
+    lost = {name for name, verdict in direct.items() if verdict.no_response in PROVIDER_LOSSES}
+    assert len(lost) <= 2, {name: direct[name] for name in lost}
+    assert [v for v in proxied.values() if v.no_response is not None] == [], proxied
+    both = {name: (direct[name].status, proxied[name].status) for name in direct}
+    differing = {
+        name
+        for name, (direct_status, proxy_status) in both.items()
+        if direct_status != proxy_status
+    }
+    assert differing <= lost, {name: both[name] for name in differing}
+    assert "fail" not in {status for pair in both.values() for status in pair}, both
     # not a comparison of skips: the chat and streaming checks ran and passed
-    assert sum(status == "pass" for status in direct.values()) >= 10, direct
+    assert sum(proxy_status == "pass" for _, proxy_status in both.values()) >= 10, both
     assert recorded >= 10

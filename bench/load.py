@@ -6,7 +6,7 @@ streams and JSON replies at concurrency 50), each through a fresh proxy, with ``
 polled from a process of its own and the proxy's RSS sampled. The figures are printed and
 written to ``bench/results/load-<UTC time>.json``; nothing is asserted.
 
-    .venv/bin/python bench/load.py [--quick] [--seconds S] [--soak N] [--out FILE]
+    .venv/bin/python bench/load.py [--quick] [--seconds S] [--soak N] [--out FILE] [--tree DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ``bench``, ``
 
 from bench.overhead.machine import command_line, machine_info, save_run
 from bench.overhead.measure import HEADERS, chat_body, pct
-from bench.overhead.procs import PY, Proc, start_proxy, start_role, wait_ready
+from bench.overhead.procs import PY, ROOT, Proc, start_proxy, start_role, wait_ready
 from bench.overhead.report import run_lines
 from proxy.core.timestamps import iso_utc
 from tests.fakes import CHAT_PATH
@@ -133,13 +133,14 @@ async def scenario(
     concurrency: int,
     cases: list[Case],
     until: Callable[[int, float], bool],
+    tree: Path = ROOT,
 ) -> dict[str, Any]:
     """One scenario through a fresh proxy: warm-up, the load with the poller and the RSS
     samples, then the records."""
     import aiohttp
 
     log_file = tmp / f"{name}.jsonl"
-    proxy = start_proxy(name, upstream.url, tmp, log_file)
+    proxy = start_proxy(name, upstream.url, tmp, log_file, tree=tree)
     try:
         async with aiohttp.ClientSession() as probe:  # /stats answers once the proxy listens
             await wait_ready(probe, proxy, proxy.admin_url + "/stats")
@@ -210,6 +211,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gap-ms", type=float, default=5.0, help="between two events of a stream (5)")
     p.add_argument("--soak", type=int, help="soak requests (20000; quick 2000)")
     p.add_argument("--out", type=Path, help="JSON file (default bench/results/load-<UTC>.json)")
+    p.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose proxy runs (this)")
     p.add_argument("--poll", help=argparse.SUPPRESS)  # the poller process: the admin URL
     args = p.parse_args()
     args.seconds = args.seconds or (5.0 if args.quick else 50.0)
@@ -222,11 +224,11 @@ async def run(args: argparse.Namespace, stamp: datetime) -> dict[str, Any]:
     started, tmp = time.perf_counter(), Path(tempfile.mkdtemp(prefix="bench-load-"))
     res: dict[str, Any] = {"timestamp": iso_utc(stamp, timespec="seconds")}
     res |= {"command": command_line("bench/load.py"), "machine": machine_info(), "args": vars(args)}
-    upstream = start_role("upstream")
+    up = start_role("upstream")
     try:
         direct: list[Case] = []
         for body in (chat_body(16, True, args.gap_ms), chat_body(4, True), chat_body(3, False)):
-            direct.append((body, call(upstream.url, CHAT_PATH, body)[1]))
+            direct.append((body, call(up.url, CHAT_PATH, body)[1]))
         res["describe"] = {
             "streams": f"{args.streams} concurrent streams of 19 events, {args.gap_ms:g} ms apart",
             "soak": "50 concurrent: 4-token streams and JSON replies, in turn",
@@ -239,9 +241,9 @@ async def run(args: argparse.Namespace, stamp: datetime) -> dict[str, Any]:
             ),
             "soak": (50, direct[1:], lambda n, t0: n >= args.soak),
         }
-        res["scenarios"] = {n: await scenario(upstream, tmp, n, *p) for n, p in plan.items()}
+        res["scenarios"] = {n: await scenario(up, tmp, n, *p, args.tree) for n, p in plan.items()}
     finally:
-        upstream.stop()
+        up.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     res["runtime_s"] = time.perf_counter() - started
     return res

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.core.record import Record
+from proxy.core.record import Kind, Record
 from proxy.core.request import RequestFacts
 from proxy.core.setup import SETUP_FIXES, SetupCause, SetupFindings, TemplateCaps
 from proxy.core.tracker import Observation
@@ -168,7 +168,11 @@ class SetupWatch:
         if self._loading:
             self._probe_again()
         elif self.router:
-            self._probe_model(facts.model)
+            # a model's turns only: a management request (``POST /models`` downloading or
+            # loading one) names a model it does not run, and a ``/props`` read then makes
+            # the router rescan its models and forget one it has just downloaded
+            if facts.kind is not Kind.OTHER:
+                self._probe_model(facts.model)
         elif record.model is not None and record.model != self._last_model:
             if self._last_model is not None:
                 _ = spawn(self.probe(), self._tasks)

@@ -1310,6 +1310,30 @@ class TestRouter:
                 MODEL_BYTES[record.model] * record.decode_tok_s / 1e9, 3
             )
 
+    async def test_model_management_requests_read_no_props(
+        self, toy: ToyLlama, make_proxy: ProxyFactory
+    ) -> None:
+        """A router's model management requests (``POST /models`` to download one, load,
+        unload) name a model they do not run: no ``/props?model=`` is read for them (such a
+        read makes llama-server's router rescan and forget a model it just downloaded);
+        a chat turn then reads its model's."""
+        routed(toy)
+        proxy = await start(make_proxy, toy)
+        await proxy.app[SETUP].probe()  # what the proxy does at start
+        manage = (("/models", "c"), ("/models/load", "b"), ("/models/unload", "a"))
+        for count, (path, model) in enumerate(manage, start=1):
+            await ask(proxy, {"model": model}, path)
+            assert (await wait_record(proxy, count)).model == model
+        await proxy.app[SETUP].settle()
+        assert [q for q in toy.queries["/props"] if q] == []
+        await ask(proxy, body_of([READ_FILE], model="a"))
+        await wait_record(proxy, len(manage) + 1)
+        deadline = time.monotonic() + 3
+        while "a" not in proxy.app[SETUP].caps_by_model:
+            assert time.monotonic() < deadline, "the chat turn's model was never read"
+            await asyncio.sleep(0.01)
+        assert [q for q in toy.queries["/props"] if q] == [{"model": "a", "autoload": "false"}]
+
     async def test_metrics_of_every_loaded_model_labelled(
         self, toy: ToyLlama, make_proxy: ProxyFactory
     ) -> None:

@@ -18,6 +18,7 @@ __all__ = [
     "HOP_BY_HOP",
     "REQUEST_DROP",
     "REQUEST_ID_HEADER",
+    "bodyless_head",
     "request_drop",
     "request_headers",
     "response_headers",
@@ -43,6 +44,18 @@ _REQUEST_ONLY = frozenset({"host", "expect"})
 
 REQUEST_ID_HEADER = "X-Timing-Proxy-Request-Id"
 """The one response header the proxy adds: its request id, the ``id`` of the record."""
+
+_BODYLESS_CODES = (b"204", b"304")
+
+
+def bodyless_head(head: bytes) -> bool:
+    """Whether ``head``, the first bytes of an HTTP/1.x response, is a 204 or 304: a response
+    that ends at its header section whatever its headers say (RFC 9112 section 6.3)."""
+    return (
+        head.startswith(b"HTTP/1.")
+        and head[9:12] in _BODYLESS_CODES
+        and head[12:13] in (b" ", b"\r")
+    )
 
 
 def _filter(

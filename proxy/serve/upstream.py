@@ -15,7 +15,7 @@ from aiohttp.connector import Connection
 from yarl import URL
 
 from proxy.config import Config
-from proxy.core.headers import request_headers
+from proxy.core.headers import bodyless_head, request_headers
 from proxy.core.record import Outcome
 from proxy.serve.intake import Refusal
 
@@ -37,23 +37,98 @@ BODYLESS = frozenset({204, 304})
 section 6.3)."""
 
 
+HEAD_WATCH_BYTES = 64 * 1024
+"""How far :class:`BodylessGuard` reads into a response for the end of its header section."""
+
+
+class BodylessGuard(asyncio.Protocol):
+    """Sits between an upstream connection's transport and aiohttp's protocol and passes
+    every byte on, but those that follow a 204 or 304's header section in the read that ends
+    it: RFC 9112 section 6.3 ends such a response at its head, so those bytes belong to no
+    response (llama-server's chunked terminator after its 204) and aiohttp's parser would fail
+    the whole read on them. Like nginx and Go's ReverseProxy, the proxy drops them and closes
+    the connection (:class:`UpstreamResponse`)."""
+
+    def __init__(self, inner: asyncio.Protocol) -> None:
+        self._inner = inner
+        self._head: bytes | None = None
+        """The response's bytes so far while its header section has not ended; else None."""
+        self.dropped = False
+
+    def await_head(self) -> None:
+        """A request is on its way: the next bytes are its response's head."""
+        self._head = b""
+        self.dropped = False
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            data = self._watch(data)
+        if data:
+            self._inner.data_received(data)
+
+    def _watch(self, data: bytes) -> bytes:
+        """``data`` less the bytes after a bodyless response's head."""
+        head = self._head + data if self._head else data
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            self._head = head if len(head) < HEAD_WATCH_BYTES else None
+            return data
+        self._head = None
+        kept = end + 4 - (len(head) - len(data))
+        if kept < len(data) and bodyless_head(head):
+            self.dropped = True
+            return data[:kept]
+        return data
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+def _guard(transport: asyncio.Transport | None) -> BodylessGuard | None:
+    """The connection's :class:`BodylessGuard`, put in on its first request."""
+    if transport is None:
+        return None
+    protocol = transport.get_protocol()
+    if not isinstance(protocol, BodylessGuard):
+        if not isinstance(protocol, asyncio.Protocol):
+            return None
+        protocol = BodylessGuard(protocol)
+        transport.set_protocol(protocol)
+    protocol.await_head()
+    return protocol
+
+
 class UpstreamResponse(aiohttp.ClientResponse):
     """A response of the upstream sessions (their ``response_class``): a 204 or 304 that
-    declares ``Transfer-Encoding: chunked`` closes its connection at once.
+    declares ``Transfer-Encoding: chunked``, or that came with bytes after its head, closes
+    its connection at once.
 
     llama-server answers ``POST /cors-proxy`` with such a 204 and then sends the chunked
     terminator ``0\\r\\n\\r\\n`` (llama.cpp issue 26598). Those five bytes belong to no
-    response; on a pooled connection aiohttp's parser would read them as the status line of
-    the next answer and fail that request. aiohttp hands a bodyless response's connection
-    back to the pool while it starts the response, so it is closed here, right after, before
-    any other request can take it: the next request opens a connection of its own."""
+    response: in the head's read :class:`BodylessGuard` drops them; in a later read, on a
+    pooled connection, aiohttp's parser would take them for the status line of the next
+    answer and fail that request. aiohttp hands a bodyless response's connection back to the
+    pool while it starts the response, so it is closed here, right after, before any other
+    request can take it: the next request opens a connection of its own. The response itself
+    starts with the request already sent and nothing read, so the guard sees its head whole."""
 
     async def start(self, connection: Connection) -> aiohttp.ClientResponse:
         transport = connection.transport  # read first: it is gone from a released connection
+        guard = _guard(transport)
         await super().start(connection)
-        framing = self.headers.get("Transfer-Encoding", "")
-        if self.status in BODYLESS and "chunked" in framing.lower() and transport is not None:
-            transport.close()
+        if self.status in BODYLESS and transport is not None:
+            chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+            if chunked or (guard is not None and guard.dropped):
+                transport.close()
         return self
 
 

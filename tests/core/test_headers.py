@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from multidict import CIMultiDict
 
-from proxy.core.headers import HOP_BY_HOP, request_headers, response_headers
+from proxy.core.headers import HOP_BY_HOP, bodyless_head, request_headers, response_headers
 
 Policy = Callable[[list[tuple[str, str]]], CIMultiDict[str]]
 
@@ -219,3 +219,29 @@ class TestResponseHeaders:
         """Content-Encoding is end-to-end and passes unchanged."""
         out = response_headers([("Content-Encoding", "gzip")])
         assert out.getall("Content-Encoding") == ["gzip"]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"HTTP/1.1 204 No Content\r\n", b"HTTP/1.0 304 Not Modified\r\n", b"HTTP/1.1 204\r\n"],
+)
+def test_bodyless_heads(head: bytes) -> None:
+    """A 204 or 304 status line, with or without its reason, starts a bodyless response."""
+    assert bodyless_head(head)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 2040 Odd\r\n",
+        b"HTTP/1.1 100 Continue\r\n",
+        b'{"x": "HTTP/1.1 204 No Content"}',
+        b"0\r\n\r\n",
+        b"",
+    ],
+)
+def test_other_heads_are_not_bodyless(head: bytes) -> None:
+    """Any other status, a body that only quotes a 204, or bytes that are no status line:
+    not bodyless, so nothing after them is ever dropped."""
+    assert not bodyless_head(head)

@@ -42,69 +42,59 @@ HEAD_WATCH_BYTES = 64 * 1024
 
 
 class BodylessGuard(asyncio.Protocol):
-    """Sits between an upstream connection's transport and aiohttp's protocol and passes
-    every byte on, but those that follow a 204 or 304's header section in the read that ends
-    it: RFC 9112 section 6.3 ends such a response at its head, so those bytes belong to no
-    response (llama-server's chunked terminator after its 204) and aiohttp's parser would fail
-    the whole read on them. Like nginx and Go's ReverseProxy, the proxy drops them and closes
-    the connection (:class:`UpstreamResponse`)."""
+    """Sits between an upstream connection's transport and aiohttp's protocol while a
+    response's head is awaited, and passes every byte on but those that follow a 204 or 304's
+    header section in the read that ends it: RFC 9112 section 6.3 ends such a response at its
+    head, so those bytes belong to no response (llama-server's chunked terminator after its
+    204) and aiohttp's parser would fail the whole read on them. Like nginx and Go's
+    ReverseProxy, the proxy drops them and closes the connection (:class:`UpstreamResponse`).
+    Once the head has passed, the transport reads into aiohttp's protocol directly again."""
 
-    def __init__(self, inner: asyncio.Protocol) -> None:
-        self._inner = inner
-        self._head: bytes | None = None
-        """The response's bytes so far while its header section has not ended; else None."""
-        self.dropped = False
-
-    def await_head(self) -> None:
-        """A request is on its way: the next bytes are its response's head."""
+    def __init__(self, transport: asyncio.Transport, inner: asyncio.Protocol) -> None:
+        self._transport = transport
+        self.inner = inner
         self._head = b""
+        """The response's bytes so far, its header section not ended yet."""
         self.dropped = False
 
     def data_received(self, data: bytes) -> None:
-        if self._head is not None:
-            data = self._watch(data)
-        if data:
-            self._inner.data_received(data)
-
-    def _watch(self, data: bytes) -> bytes:
-        """``data`` less the bytes after a bodyless response's head."""
         head = self._head + data if self._head else data
         end = head.find(b"\r\n\r\n")
-        if end < 0:
-            self._head = head if len(head) < HEAD_WATCH_BYTES else None
-            return data
-        self._head = None
-        kept = end + 4 - (len(head) - len(data))
-        if kept < len(data) and bodyless_head(head):
-            self.dropped = True
-            return data[:kept]
-        return data
+        if end < 0 and len(head) < HEAD_WATCH_BYTES:
+            self._head = head
+        else:
+            self._transport.set_protocol(self.inner)
+            kept = end + 4 - (len(head) - len(data))
+            if end >= 0 and kept < len(data) and bodyless_head(head):
+                self.dropped = True
+                data = data[:kept]
+        self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
+        return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._inner.connection_lost(exc)
+        self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        self.inner.resume_writing()
 
 
 def _guard(transport: asyncio.Transport | None) -> BodylessGuard | None:
-    """The connection's :class:`BodylessGuard`, put in on its first request."""
+    """A :class:`BodylessGuard` put between ``transport`` and aiohttp's protocol."""
     if transport is None:
         return None
     protocol = transport.get_protocol()
-    if not isinstance(protocol, BodylessGuard):
-        if not isinstance(protocol, asyncio.Protocol):
-            return None
-        protocol = BodylessGuard(protocol)
-        transport.set_protocol(protocol)
-    protocol.await_head()
-    return protocol
+    if isinstance(protocol, BodylessGuard):  # no head came for the last request on it
+        protocol = protocol.inner
+    if not isinstance(protocol, asyncio.Protocol):
+        return None
+    guard = BodylessGuard(transport, protocol)
+    transport.set_protocol(guard)
+    return guard
 
 
 class UpstreamResponse(aiohttp.ClientResponse):

@@ -12,11 +12,15 @@ proxy drops the five bytes when they come in the head's read (aiohttp's parser w
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import aiohttp
 import pytest
+import trustme
 
+from proxy.serve.upstream import UpstreamResponse
 from tests.conftest import ProxyFactory, ProxyUnderTest
 
 HEAD_204 = (
@@ -199,3 +203,31 @@ async def test_a_body_read_that_starts_like_a_204_is_relayed_whole(
         resp = await proxy.client.post("/cors-proxy", data=BODY)
         assert (resp.status, await resp.read()) == (200, body)
     assert raw.connections == 1 and raw.requests == [5]
+
+
+async def test_over_tls_the_terminator_is_dropped_and_the_connection_closed() -> None:
+    """On a TLS connection (its transport another class) the upstream sessions' response
+    class does the same: JSON replies share a connection, a chunked 204 with its terminator
+    in the same write is a 204 and closes its own, the next request opens a new one."""
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    upstream = RawUpstream(answer=[(HEAD_204 + STRAY, 0.0)])
+    json_reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0, ssl=server_tls)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    seen = []
+    async with (
+        server,
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=client_tls), response_class=UpstreamResponse
+        ) as session,
+    ):
+        for answer in [json_reply, json_reply, HEAD_204 + STRAY, json_reply, json_reply]:
+            upstream.answer = [(answer, 0.0)]
+            async with session.get(url + "/x") as resp:
+                seen.append((resp.status, await resp.read()))
+    assert seen == [(200, b"{}"), (200, b"{}"), (204, b""), (200, b"{}"), (200, b"{}")]
+    assert upstream.requests == [3, 2]

@@ -1327,7 +1327,8 @@ class TestWhyPrefillWasPaid:
 
 
 class TestImagesSpeculationBoard:
-    """Issue 13's lines: image tokens beside the schema's, speculation, energy per call."""
+    """The report's lines for images, drafts and energy: image tokens beside the schema's,
+    speculation, energy per call."""
 
     def test_images_summarised_beside_the_schema(self, tmp_path: Path) -> None:
         """Only calls with images count: tokens per call, images cached, prefill paid."""

@@ -178,7 +178,7 @@ class TestAccess:
 
 class TestTransparentAgentPort:
     """Every path of the agent's listener is llama-server's: the proxy's pages live on the
-    admin listener only (issue 14, point 0)."""
+    admin listener only."""
 
     async def test_metrics_on_the_agents_port_is_llama_servers_byte_for_byte(
         self, fake: Any, make_proxy: ProxyFactory
@@ -426,7 +426,8 @@ def _page(metrics: Metrics, board: dict[str, float] | None = None) -> dict[str, 
 
 
 class TestSpeculationImagesBoard:
-    """Issue 13's families: draft acceptance, image tokens and prefill, energy, board gauges."""
+    """The families of drafts, images and the board: draft acceptance, image tokens and
+    prefill, energy, board gauges."""
 
     def test_acceptance_histogram_counts_only_drafting_requests(self) -> None:
         """timing_proxy_draft_acceptance_ratio observes draft_acceptance of the requests that

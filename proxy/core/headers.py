@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from multidict import CIMultiDict
 
 __all__ = [
+    "BODYLESS",
     "HOP_BY_HOP",
     "REQUEST_DROP",
     "REQUEST_ID_HEADER",
@@ -45,7 +46,10 @@ _REQUEST_ONLY = frozenset({"host", "expect"})
 REQUEST_ID_HEADER = "X-Timing-Proxy-Request-Id"
 """The one response header the proxy adds: its request id, the ``id`` of the record."""
 
-_BODYLESS_CODES = (b"204", b"304")
+BODYLESS = frozenset({204, 304})
+"""Statuses whose response ends at its header section whatever its headers say (RFC 9112
+section 6.3)."""
+_BODYLESS_CODES = frozenset(str(status).encode() for status in BODYLESS)
 
 
 def bodyless_head(head: bytes) -> bool:

@@ -15,7 +15,7 @@ from aiohttp.connector import Connection
 from yarl import URL
 
 from proxy.config import Config
-from proxy.core.headers import bodyless_head, request_headers
+from proxy.core.headers import BODYLESS, bodyless_head, request_headers
 from proxy.core.record import Outcome
 from proxy.serve.intake import Refusal
 
@@ -31,11 +31,6 @@ __all__ = [
 
 CHECK_TIMEOUT_S = 3.0
 """How long the check at start waits for ``/health`` to answer."""
-
-BODYLESS = frozenset({204, 304})
-"""Statuses whose response ends at its header section whatever its headers say (RFC 9112
-section 6.3)."""
-
 
 HEAD_WATCH_BYTES = 64 * 1024
 """How far :class:`BodylessGuard` reads into a response for the end of its header section."""

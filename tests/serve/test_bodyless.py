@@ -196,8 +196,7 @@ async def test_a_body_read_that_starts_like_a_204_is_relayed_whole(
     """Only a response's head is watched: a 200 whose body, a read of its own 5 ms after
     the head, is a chunked 204 and its terminator reaches the agent whole, pooled."""
     body = HEAD_204 + STRAY
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body)
-    raw.answer = [(head, 0.005), (body, 0.0)]
+    raw.answer = [(LENGTH_200[: -len(body)], 0.005), (body, 0.0)]
     proxy = await make_proxy(raw.url)
     for _ in range(5):
         resp = await proxy.client.post("/cors-proxy", data=BODY)
